@@ -1,0 +1,47 @@
+"""`shoal ...`: the command line.
+
+Each command lives in its own module and is imported only when it runs, so
+`shoal replica` starts without importing the control plane.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "replica": ("serving.replica:main", "serve one model artifact on one slice (V2, V1, /metrics)"),
+    "demo": ("deploy.demo:main", "serve the example model and call it every way (make demo)"),
+    "version": ("deploy.cli:version", "print Shoal's version"),
+}
+
+
+def version(argv: list[str]) -> int:
+    from serving import __version__
+
+    print(f"shoal {__version__}")
+    return 0
+
+
+def usage() -> str:
+    lines = ["usage: shoal COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "shoal COMMAND --help shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"shoal: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module, _, func = COMMANDS[command][0].partition(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

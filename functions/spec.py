@@ -1,0 +1,168 @@
+"""What a function is: frozen specs with every default in one place, validated.
+
+This module owns the defaults (batching, slices, scaling) and their validation.
+It imports nothing from serving, autoscaler or deploy, and does no I/O.
+Messages name the value that was wrong and what would be right, e.g.
+"max_replicas (2) must be >= min_replicas (3)".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from fractions import Fraction
+from typing import Any
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A spec value is invalid; the message names the value and the rule."""
+
+
+def validate_name(name: str, what: str = "function name") -> str:
+    """Names become URL path parts, file names and Kubernetes object names
+    (RFC 1123 label: lowercase alphanumerics and '-', at most 63 characters)."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise SpecError(
+            f"{what} {name!r} is invalid: use 1-63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingSpec:
+    """Dynamic batching, as Triton's dynamic_batcher.
+
+    max_batch_size: rows per batch; 1 disables batching.
+    max_queue_delay_ms: how long the oldest request may wait for a fuller batch.
+    preferred_batch_sizes: sizes that run as soon as they are reached.
+    max_queue_requests: requests waiting in the replica before it answers 503.
+    """
+
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 0.0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_requests: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise SpecError(f"max_batch_size ({self.max_batch_size}) must be >= 1")
+        if not 0 <= self.max_queue_delay_ms <= 10_000:
+            raise SpecError(
+                f"max_queue_delay_ms ({self.max_queue_delay_ms}) must be within 0..10000"
+            )
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise SpecError(
+                    f"preferred batch size {size} must be within 1..max_batch_size "
+                    f"({self.max_batch_size})"
+                )
+        if self.max_queue_requests < 1:
+            raise SpecError(f"max_queue_requests ({self.max_queue_requests}) must be >= 1")
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        return self.max_queue_delay_ms / 1000.0
+
+
+SLICE_RE = re.compile(r"^(?P<num>\d+)/(?P<den>\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRequest:
+    """The share of one device a replica asks for: "1/4" of its compute and memory,
+    or an explicit memory budget (memory_mib) when the model needs less or more."""
+
+    fraction: Fraction = Fraction(1, 4)
+    memory_mib: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise SpecError(f"slice fraction ({self.fraction}) must be within (0, 1]")
+        if self.memory_mib is not None and self.memory_mib <= 0:
+            raise SpecError(f"slice memory_mib ({self.memory_mib}) must be > 0")
+
+    @property
+    def name(self) -> str:
+        return f"{self.fraction.numerator}/{self.fraction.denominator}"
+
+    @property
+    def compute_pct(self) -> float:
+        return float(self.fraction) * 100.0
+
+    @classmethod
+    def parse(cls, text: str) -> "SliceRequest":
+        """Parse "1/4", "1/4:2048" (memory MiB) or "1" (a whole device)."""
+        share, _, mem = str(text).partition(":")
+        if share.strip() == "1":
+            fraction = Fraction(1)
+        else:
+            m = SLICE_RE.match(share.strip())
+            if not m or int(m["den"]) == 0:
+                raise SpecError(f"slice {text!r} is invalid: expected a fraction like '1/4' or '1/4:2048'")
+            fraction = Fraction(int(m["num"]), int(m["den"]))
+        memory = None
+        if mem:
+            if not mem.strip().isdigit():
+                raise SpecError(f"slice memory {mem!r} must be an integer number of MiB")
+            memory = int(mem)
+        return cls(fraction=fraction, memory_mib=memory)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSpec:
+    """Autoscaling bounds and targets of one function."""
+
+    min_replicas: int = 0
+    max_replicas: int = 8
+    slo_p95_ms: float = 100.0
+    target_duty: float = 0.7
+    target_concurrency: float = 4.0
+    idle_to_zero_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0:
+            raise SpecError(f"min_replicas ({self.min_replicas}) must be >= 0")
+        if self.max_replicas < max(1, self.min_replicas):
+            raise SpecError(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas}) and >= 1"
+            )
+        if self.slo_p95_ms <= 0:
+            raise SpecError(f"slo_p95_ms ({self.slo_p95_ms}) must be > 0")
+        if not 0 < self.target_duty <= 1:
+            raise SpecError(f"target_duty ({self.target_duty}) must be within (0, 1]")
+        if self.target_concurrency <= 0:
+            raise SpecError(f"target_concurrency ({self.target_concurrency}) must be > 0")
+        if self.idle_to_zero_s < 0:
+            raise SpecError(f"idle_to_zero_s ({self.idle_to_zero_s}) must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """A deployable function: a model artifact, how it loads, its slice, scaling and batching."""
+
+    name: str
+    artifact: str
+    loader: str | None = None
+    trust: bool = False
+    slice: SliceRequest = field(default_factory=SliceRequest)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    batching: BatchingSpec = field(default_factory=BatchingSpec)
+    version: str = "1"
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if not self.artifact:
+            raise SpecError("artifact must not be empty")
+        if not re.match(r"^[A-Za-z0-9._-]{1,64}$", self.version):
+            raise SpecError(f"version {self.version!r} must be 1-64 of [A-Za-z0-9._-]")
+
+
+def spec_defaults() -> dict[str, dict[str, Any]]:
+    """Every default, by section: what the example config must parse to."""
+    return {
+        cls.__name__: {f.name: getattr(cls(), f.name) for f in fields(cls)}
+        for cls in (BatchingSpec, SliceRequest, ScalingSpec)
+    }

@@ -1,0 +1,78 @@
+"""The dynamic batch planner, a pure function of the queue and `now` (like Triton's dynamic batcher).
+
+Given the row counts of the requests at the head of the queue that can share a
+batch (same inputs, datatypes and non-batch dimensions), it says how many to run
+now, or when to look again:
+
+1. the head request alone fills a batch (rows >= max_batch_size): run it alone;
+2. the requests that fit make a full batch, or more requests wait behind them:
+   run those that fit;
+3. the rows that fit are a preferred batch size: run them now;
+4. the oldest request has waited max_queue_delay: run what fits;
+5. otherwise wait until the oldest request's delay runs out (a new arrival
+   wakes the planner earlier).
+
+Imports no asyncio and reads no clock: the asyncio loop that drives it is in
+serving/batch_loop.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from functions.spec import BatchingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """`take` requests from the head of the queue now (`rows` rows in all), or, when
+    `take` is 0, nothing until `wake_at` (None: until a request arrives)."""
+
+    take: int
+    rows: int
+    wake_at: float | None
+    reason: str
+
+
+EMPTY = BatchPlan(0, 0, None, "empty")
+
+
+def plan_batch(
+    rows: Sequence[int],
+    oldest_at: float,
+    now: float,
+    spec: BatchingSpec,
+    backlog: bool = False,
+) -> BatchPlan:
+    """Plan the next batch.
+
+    rows: rows of each compatible request at the head of the queue, oldest first.
+    oldest_at: when the head request was enqueued.
+    backlog: requests that cannot join this batch wait behind these.
+    """
+    if not rows:
+        return EMPTY
+    limit = spec.max_batch_size
+    if limit == 1 or rows[0] >= limit:
+        return BatchPlan(1, rows[0], None, "single" if limit == 1 else "full")
+    take, total = _fit(rows, limit)
+    if total == limit or take < len(rows) or backlog:
+        return BatchPlan(take, total, None, "full")
+    if total in spec.preferred_batch_sizes:
+        return BatchPlan(take, total, None, "preferred")
+    deadline = oldest_at + spec.max_queue_delay_s
+    if now >= deadline:
+        return BatchPlan(take, total, None, "delay")
+    return BatchPlan(0, 0, deadline, "waiting")
+
+
+def _fit(rows: Sequence[int], limit: int) -> tuple[int, int]:
+    """How many requests from the head fit in `limit` rows, and their rows."""
+    take = total = 0
+    for r in rows:
+        if total + r > limit:
+            break
+        take += 1
+        total += r
+    return take, total

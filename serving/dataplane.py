@@ -1,0 +1,342 @@
+"""DataPlane: the request core of a replica. It knows no HTTP.
+
+Validates requests against the model's declared tensors, queues them for the
+batch loop, runs batches on the slice executor, and builds responses. The REST
+adapter (serving/replica.py) maps its exceptions to statuses with the one table
+in serving/protocol/errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from functions.spec import BatchingSpec
+from serving import __version__
+from serving.batch_loop import BatchLoop, Pending
+from serving.executor import SliceExecutor
+from serving.metrics import ReplicaMetrics
+from serving.models.base import Model
+from serving.protocol.codec import cast_json_array
+from serving.protocol.datatypes import numpy_dtype, v2_datatype
+from serving.protocol.errors import (
+    InferenceError,
+    InferenceTimeout,
+    InvalidInput,
+    ModelError,
+    ModelNotFound,
+    ModelNotReady,
+)
+from serving.protocol.types import InferRequest, InferResponse, RawBody, Tensor, TensorSpec
+
+log = logging.getLogger("shoal.dataplane")
+
+SERVER_EXTENSIONS = ["binary_tensor_data"]
+
+
+class DataPlane:
+    def __init__(
+        self,
+        model: Model,
+        executor: SliceExecutor,
+        metrics: ReplicaMetrics,
+        batching: BatchingSpec,
+        request_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.model = model
+        self.executor = executor
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self.ready = False
+        self.load_error: str | None = None
+        self._batching = batching
+        self._loop = BatchLoop(batching, self._execute, clock)
+        metrics.queued.set_function(lambda: len(self._loop))
+        self._clock = clock
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def load(self) -> None:
+        start = time.perf_counter()
+        await self.executor.run_untimed(self.model.load)
+        if not self.model.batchable and self._batching.max_batch_size > 1:
+            self._loop.spec = BatchingSpec(
+                max_batch_size=1, max_queue_requests=self._batching.max_queue_requests
+            )
+        self.metrics.model_load.set(time.perf_counter() - start)
+        self._loop.start()
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    async def stop(self) -> None:
+        self.ready = False
+        self.metrics.ready.set(0)
+        await self._loop.stop()
+
+    # ------------------------------------------------------------------ metadata
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "shoal", "version": __version__, "extensions": SERVER_EXTENSIONS}
+
+    def check_model(self, name: str, version: str | None = None, need_ready: bool = True) -> Model:
+        if name != self.model.name or (version is not None and version != self.model.version):
+            raise ModelNotFound(name, version)
+        if need_ready and not self.ready:
+            raise ModelNotReady(name)
+        return self.model
+
+    def model_metadata(self, name: str, version: str | None, properties: dict[str, str]) -> dict[str, Any]:
+        model = self.check_model(name, version)
+        return {
+            "name": model.name,
+            "versions": [model.version],
+            "platform": model.platform,
+            "inputs": [s.to_json() for s in model.inputs],
+            "outputs": [s.to_json() for s in model.outputs],
+            "properties": {
+                **properties,
+                "emulated": "true" if model.emulated else "false",
+                "max_batch_size": str(self._loop.spec.max_batch_size),
+            },
+        }
+
+    # ------------------------------------------------------------------ V2
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        model = self.check_model(name, version)
+        signature, rows = validate_request(request, model)
+        future = self._loop.submit(request, rows, signature)
+        outputs = await self._await_result(future)
+        return InferResponse(
+            model_name=model.name,
+            model_version=model.version,
+            id=request.id,
+            outputs=select_outputs(outputs, request, model),
+        )
+
+    async def _await_result(self, future: asyncio.Future) -> Any:
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, _expire, future, self.request_timeout_s)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    async def _execute(self, batch: list[Pending]) -> None:
+        start = self._clock()
+        for p in batch:
+            self.metrics.queue_duration.observe(start - p.enqueued_at)
+        rows = sum(p.rows for p in batch)
+        self.metrics.batch_size.observe(rows)
+        inputs = merge_inputs([p.payload for p in batch])
+        try:
+            outputs = await self.executor.run(self.model.predict, inputs)
+        except Exception as exc:
+            if len(batch) > 1:
+                # One bad request must not fail its batch mates: run each alone.
+                for p in batch:
+                    await self._execute([p])
+                return
+            _resolve_error(batch[0].future, exc, self.model.name)
+            return
+        if len(batch) == 1:
+            _resolve(batch[0].future, outputs)
+            return
+        try:
+            parts = split_outputs(outputs, [p.rows for p in batch])
+        except ModelError as exc:
+            for p in batch:
+                _resolve_error(p.future, exc, self.model.name)
+            return
+        for p, part in zip(batch, parts):
+            _resolve(p.future, part)
+
+    # ------------------------------------------------------------------ V1
+
+    async def predict_v1(self, name: str, body: Any, headers: dict[str, str]) -> Any:
+        model = self.check_model(name)
+        if not isinstance(body, dict):
+            raise InvalidInput(f"V1 request must be a JSON object with 'instances', got {type(body).__name__}")
+        if model.has_native_v1:
+            try:
+                result = await asyncio.wait_for(self._run_native_v1(model, body, headers), self.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise InferenceTimeout(f"no result within the request timeout ({self.request_timeout_s:g} s)") from None
+            return result if isinstance(result, (dict, RawBody)) else {"predictions": result}
+        request = v1_to_request(body, model)
+        response = await self.infer(name, None, request)
+        return {"predictions": v1_predictions(response.outputs, model)}
+
+    async def _run_native_v1(self, model: Model, body: dict, headers: dict[str, str]) -> Any:
+        try:
+            return await self.executor.run(model.predict_v1, body, headers)
+        except InferenceError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"model {model.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- pure helpers
+
+
+def validate_request(request: InferRequest, model: Model) -> tuple[tuple, int]:
+    """Check a request against the model's declared inputs; returns the batching
+    signature (input names, datatypes, non-batch dims) and the request's rows."""
+    names = [t.name for t in request.inputs]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"input names must be unique, got {names}")
+    if model.inputs:
+        _check_declared(request.inputs, model)
+    if model.outputs and request.outputs:
+        known = [o.name for o in model.outputs]
+        for out in request.outputs:
+            if out.name not in known:
+                raise InvalidInput(f"unknown output {out.name!r}; model {model.name!r} has outputs {known}")
+    rows = request.rows
+    if model.batchable:
+        for t in request.inputs:
+            if not t.shape or t.shape[0] != rows:
+                raise InvalidInput(
+                    f"inputs disagree on the batch dimension: {request.inputs[0].name!r} has {rows} rows, "
+                    f"{t.name!r} has shape {list(t.shape)}"
+                )
+    signature = tuple(sorted((t.name, t.datatype, t.shape[1:]) for t in request.inputs))
+    return signature, rows
+
+
+def _check_declared(inputs: list[Tensor], model: Model) -> None:
+    specs = {s.name: s for s in model.inputs}
+    for t in inputs:
+        spec = specs.get(t.name)
+        if spec is None:
+            raise InvalidInput(
+                f"unknown input {t.name!r}; model {model.name!r} expects {_describe(model.inputs)}"
+            )
+        if t.datatype != spec.datatype:
+            raise InvalidInput(
+                f"input {t.name!r} has datatype {t.datatype} but model {model.name!r} expects {spec.datatype}"
+            )
+        if model.strict_shapes and not shape_matches(t.shape, spec.shape):
+            raise InvalidInput(
+                f"input {t.name!r} has shape {list(t.shape)} but model {model.name!r} expects "
+                f"{list(spec.shape)} (-1 is any size)"
+            )
+    given = {t.name for t in inputs}
+    missing = [s for s in model.inputs if s.name not in given]
+    if missing:
+        raise InvalidInput(f"missing input(s) {_describe(tuple(missing))} for model {model.name!r}")
+
+
+def _describe(specs: tuple[TensorSpec, ...]) -> str:
+    return ", ".join(f"{s.name!r} ({s.datatype} {list(s.shape)})" for s in specs)
+
+
+def shape_matches(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+    return len(shape) == len(declared) and all(d == -1 or d == s for s, d in zip(shape, declared))
+
+
+def merge_inputs(requests: list[InferRequest]) -> dict[str, np.ndarray]:
+    """One request's inputs as they are, several concatenated along the batch dimension."""
+    if len(requests) == 1:
+        return {t.name: t.data for t in requests[0].inputs}
+    names = [t.name for t in requests[0].inputs]
+    by_name = [{t.name: t.data for t in r.inputs} for r in requests]
+    return {n: np.concatenate([b[n] for b in by_name], axis=0) for n in names}
+
+
+def split_outputs(outputs: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:
+    """A batch's outputs cut back into each request's rows."""
+    total = sum(rows)
+    bounds = np.cumsum(rows)[:-1]
+    parts: list[dict[str, np.ndarray]] = [{} for _ in rows]
+    for name, arr in outputs.items():
+        arr = np.asarray(arr)
+        if arr.ndim == 0 or arr.shape[0] != total:
+            raise ModelError(
+                f"model output {name!r} has shape {list(arr.shape)}, not {total} rows for a batch of {total}"
+            )
+        for part, piece in zip(parts, np.split(arr, bounds)):
+            part[name] = piece
+    return parts
+
+
+def select_outputs(outputs: dict[str, np.ndarray], request: InferRequest, model: Model) -> list[Tensor]:
+    wanted = None if request.outputs is None else [o.name for o in request.outputs]
+    names = wanted if wanted is not None else list(outputs)
+    result = []
+    for name in names:
+        if name not in outputs:
+            raise InvalidInput(f"unknown output {name!r}; model {model.name!r} produced {list(outputs)}")
+        arr = np.asarray(outputs[name])
+        result.append(Tensor(name, v2_datatype(arr.dtype), tuple(arr.shape), arr))
+    return result
+
+
+def v1_to_request(body: dict[str, Any], model: Model) -> InferRequest:
+    """KServe V1 `instances` (or TF-style `inputs`) as a V2 request for a tensor model.
+    One input: instances are its rows. Several: each instance maps input names to rows."""
+    instances = body.get("instances", body.get("inputs"))
+    if not isinstance(instances, list):
+        raise InvalidInput("V1 request needs 'instances', a list of rows")
+    if not model.inputs:
+        raise InvalidInput(f"model {model.name!r} declares no inputs; use the V2 protocol")
+    if len(model.inputs) == 1:
+        return InferRequest(inputs=[_v1_tensor(instances, model.inputs[0])])
+    tensors = []
+    for spec in model.inputs:
+        try:
+            column = [row[spec.name] for row in instances]
+        except (TypeError, KeyError):
+            raise InvalidInput(
+                f"model {model.name!r} has inputs {[s.name for s in model.inputs]}: each instance must be "
+                f"an object with a value for each, e.g. {{{spec.name!r}: ...}}"
+            ) from None
+        tensors.append(_v1_tensor(column, spec))
+    return InferRequest(inputs=tensors)
+
+
+def _v1_tensor(rows: list, spec: TensorSpec) -> Tensor:
+    dtype = numpy_dtype(spec.datatype)
+    if spec.datatype == "BYTES":
+        data = np.asarray([r.encode() if isinstance(r, str) else r for r in rows], dtype=np.object_)
+    else:
+        try:
+            raw = np.asarray(rows)
+        except ValueError:
+            raise InvalidInput(f"instances for input {spec.name!r} are ragged; expected shape {list(spec.shape)}") from None
+        data = cast_json_array(raw, spec.datatype, dtype, spec.name)
+    return Tensor(spec.name, spec.datatype, tuple(data.shape), data)
+
+
+def v1_predictions(outputs: list[Tensor], model: Model) -> Any:
+    """V1 `predictions`: the model's V1 output, the only output, or one object per row."""
+    by_name = {t.name: t.data for t in outputs}
+    if model.v1_output and model.v1_output in by_name:
+        return by_name[model.v1_output]
+    if len(outputs) == 1:
+        return outputs[0].data
+    rows = outputs[0].data.shape[0] if outputs[0].data.ndim else 1
+    return [{name: arr[i] for name, arr in by_name.items()} for i in range(rows)]
+
+
+def _resolve(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _resolve_error(future: asyncio.Future, exc: BaseException, model: str) -> None:
+    if future.done():
+        return
+    if not isinstance(exc, InferenceError):
+        log.warning("model %s raised %s: %s", model, type(exc).__name__, exc)
+        exc = ModelError(f"model {model!r} raised {type(exc).__name__}: {exc}")
+    future.set_exception(exc)
+
+
+def _expire(future: asyncio.Future, timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(InferenceTimeout(f"no result within the request timeout ({timeout_s:g} s)"))

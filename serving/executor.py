@@ -1,0 +1,141 @@
+"""The executor: runs a replica's model calls on the slice it is bound to, and accounts busy time.
+
+One worker thread per replica, because a slice is one stream of work: batches
+run one after another, and the time each spends in the model is added to
+`busy_seconds`. Its rate is the slice's duty cycle, the signal the autoscaler
+uses (whole-GPU utilization from NVML reads 100 % for one busy request on a
+shared device, so it misleads; DESIGN.md section 5).
+
+How a slice is enforced here (DESIGN.md section 7):
+- cpu: CPU affinity and the framework's intra-op threads;
+- gpu: CUDA_VISIBLE_DEVICES (set by whoever starts the replica), MPS active
+  thread percentage and pinned memory limit (effective under an MPS daemon),
+  and the framework's own memory limit (ONNX Runtime gpu_mem_limit, torch
+  memory fraction), passed to the loader;
+- emulated: nothing to enforce; the device exists only in the inventory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from functions.spec import SliceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SliceBinding:
+    """Where a replica runs: a slice of one device, and how it is enforced."""
+
+    slice: SliceRequest
+    device: str  # "cpu", "gpu:N" or "emulated:N"
+    cpus: tuple[int, ...] | None
+    threads: int
+
+    @property
+    def kind(self) -> str:
+        return self.device.partition(":")[0]
+
+    @property
+    def emulated(self) -> bool:
+        return self.kind == "emulated"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "slice": self.slice.name,
+            "device": self.device,
+            "emulated": "true" if self.emulated else "false",
+        }
+
+
+def parse_cpus(text: str | None) -> tuple[int, ...] | None:
+    """"0-3,6" -> (0, 1, 2, 3, 6)."""
+    if not text:
+        return None
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"--cpus {text!r} is invalid: expected a list like '0-3,6'") from None
+    return tuple(sorted(set(cpus)))
+
+
+def bind_slice(request: SliceRequest, device: str, cpus: tuple[int, ...] | None, cpu_count: int) -> SliceBinding:
+    """The binding for a slice request; threads follow the CPUs given, else the
+    slice's share of this machine's cores (1/4 of 2 cores rounds up to 1 thread)."""
+    kind, _, index = device.partition(":")
+    if not (device == "cpu" or (kind in ("gpu", "emulated") and (index or "0").isdigit())):
+        raise ValueError(f"device {device!r} is invalid: expected cpu, gpu:N or emulated:N")
+    threads = len(cpus) if cpus else max(1, math.ceil(float(request.fraction) * cpu_count - 1e-9))
+    return SliceBinding(slice=request, device=device, cpus=cpus, threads=threads)
+
+
+def slice_env(binding: SliceBinding) -> dict[str, str]:
+    """Environment that enforces the slice for the frameworks loaded after it is set."""
+    env = {
+        "OMP_NUM_THREADS": str(binding.threads),
+        "MKL_NUM_THREADS": str(binding.threads),
+        "OPENBLAS_NUM_THREADS": str(binding.threads),
+    }
+    if binding.kind == "gpu":
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(binding.slice.compute_pct)))
+        if binding.slice.memory_mib:
+            index = binding.device.partition(":")[2] or "0"
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{index}={binding.slice.memory_mib}M"
+    return env
+
+
+def apply_binding(binding: SliceBinding) -> None:
+    """Pin this process to the slice's CPUs and set its environment (before any
+    framework starts its thread pools, so that they inherit both)."""
+    for key, value in slice_env(binding).items():
+        os.environ.setdefault(key, value)
+    if binding.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, binding.cpus)
+
+
+class SliceExecutor:
+    """Runs callables one at a time on the slice's thread; counts their busy time."""
+
+    def __init__(self, binding: SliceBinding, on_busy: Callable[[float], None] | None = None):
+        self.binding = binding
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"slice-{binding.device}")
+        self._on_busy = on_busy
+        self._lock = threading.Lock()
+        self.busy_seconds = 0.0
+        self.running = 0
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the slice's thread; its time counts as busy."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._timed, fn, args)
+
+    async def run_untimed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run on the slice's thread without counting busy time (model load: the
+        duty cycle measures serving, and a load would read as a burst of it)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    def _timed(self, fn: Callable[..., Any], args: tuple) -> Any:
+        start = time.perf_counter()
+        self.running = 1
+        try:
+            return fn(*args)
+        finally:
+            self.running = 0
+            elapsed = time.perf_counter() - start
+            with self._lock:
+                self.busy_seconds += elapsed
+            if self._on_busy is not None:
+                self._on_busy(elapsed)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,65 @@
+"""The replica's Prometheus metrics (DESIGN.md section 5), in a registry of its own.
+
+`shoal_replica_busy_seconds_total` is the executor's busy time; its rate is the
+slice's duty cycle.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
+
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ReplicaMetrics:
+    def __init__(self, function: str, labels: dict[str, str]):
+        disable_created_metrics()  # the *_created series only double the scrape
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.function = function
+        self.requests = Counter(
+            "shoal_replica_requests", "Requests answered, by status code", ["function", "code"], registry=r
+        )
+        self.request_duration = Histogram(
+            "shoal_replica_request_duration_seconds", "Time from request received to response ready",
+            ["function"], buckets=LATENCY_BUCKETS_S, registry=r,
+        ).labels(function)
+        self.queue_duration = Histogram(
+            "shoal_replica_queue_duration_seconds", "Time a request waited for its batch to start",
+            ["function"], buckets=LATENCY_BUCKETS_S, registry=r,
+        ).labels(function)
+        self.batch_size = Histogram(
+            "shoal_replica_batch_size", "Rows per executed batch", ["function"], buckets=BATCH_BUCKETS, registry=r,
+        ).labels(function)
+        self.inflight = Gauge(
+            "shoal_replica_inflight", "Requests inside the replica (queued or running)", ["function"], registry=r,
+        ).labels(function)
+        self.queued = Gauge(
+            "shoal_replica_queued", "Requests waiting for a batch", ["function"], registry=r,
+        ).labels(function)
+        self.busy = Counter(
+            "shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; rate = duty cycle",
+            ["function"], registry=r,
+        ).labels(function)
+        self.model_load = Gauge(
+            "shoal_replica_model_load_seconds", "Seconds the model took to load", ["function"], registry=r,
+        ).labels(function)
+        self.ready = Gauge(
+            "shoal_replica_ready", "1 when the model is loaded and serving", ["function"], registry=r,
+        ).labels(function)
+        info = Gauge(
+            "shoal_replica_info", "The replica's slice and device (emulated devices say so)",
+            ["function", *labels], registry=r,
+        )
+        info.labels(function, *labels.values()).set(1)
+        self._codes: dict[int, Counter] = {}
+
+    def count(self, code: int) -> None:
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = self.requests.labels(self.function, str(code))
+        child.inc()

@@ -1,0 +1,97 @@
+"""What every loaded model offers the data path.
+
+A model declares its tensors (read from the artifact where the format has them),
+whether its first dimension is a batch dimension, and a synchronous `predict`
+that runs on the replica's slice executor thread. Models that speak V1 natively
+(Nuclio handlers, KServe custom models) also implement `predict_v1`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serving.protocol.types import TensorSpec
+
+
+class LoadError(RuntimeError):
+    """The artifact could not be loaded; the message says why and what was expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How to load: the executor's threads and the device the slice is on."""
+
+    threads: int = 1
+    device: str = "cpu"  # cpu | gpu:N | emulated:N
+    gpu_mem_limit_mib: int | None = None
+    trust: bool = False
+    version: str = "1"
+
+
+class Model(abc.ABC):
+    """A loaded model. `inputs` empty means the model accepts any tensors."""
+
+    platform: str = "unknown"
+    emulated: bool = False
+    # V1 `predictions` come from this output when set (else one dict per row).
+    v1_output: str | None = None
+
+    def __init__(self, name: str, path: str, options: LoadOptions):
+        self.name = name
+        self.path = path
+        self.options = options
+        self.version = options.version
+        self.inputs: tuple[TensorSpec, ...] = ()
+        self.outputs: tuple[TensorSpec, ...] = ()
+        self.batchable = False
+        # False when the artifact carries no tensor signature: any shape is accepted.
+        self.strict_shapes = True
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the artifact and fill in inputs, outputs and batchable."""
+
+    @abc.abstractmethod
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one (possibly batched) inference; called on the executor thread."""
+
+    def predict_v1(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        """Answer a V1 body natively; models that do not raise NotImplementedError."""
+        raise NotImplementedError
+
+    @property
+    def has_native_v1(self) -> bool:
+        return type(self).predict_v1 is not Model.predict_v1
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "loader": type(self).__name__,
+            "platform": self.platform,
+            "emulated": self.emulated,
+            "batchable": self.batchable,
+        }
+
+
+def dims(shape: Any) -> tuple[int, ...]:
+    """A framework's shape (ints, None or symbolic names) as V2 dims (-1 for free)."""
+    return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (shape or ()))
+
+
+def parse_tensor_specs(raw: Any, where: str, what: str) -> tuple[TensorSpec, ...]:
+    """Declared tensors, as written in YAML or a module: [{name, datatype, shape}, ...]."""
+    from serving.protocol.datatypes import numpy_dtype
+
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise LoadError(f"{where}: '{what}' must be a non-empty list of {{name, datatype, shape}}")
+    specs = []
+    for item in raw:
+        try:
+            numpy_dtype(item["datatype"])
+            specs.append(TensorSpec(str(item["name"]), item["datatype"], tuple(int(d) for d in item["shape"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LoadError(f"{where}: bad tensor in '{what}': {item!r} ({exc})") from None
+    return tuple(specs)

@@ -1,0 +1,100 @@
+"""`profile` models: an emulated device whose service time follows a measured profile.
+
+For capacity planning, CI and benchmarks on machines without a GPU. The service
+time is slept, not computed, so it burns no CPU; the busy time still counts in
+the replica's duty cycle. Every output of such a replica says "emulated".
+
+    kind: profile
+    inputs:  [{name: x, datatype: FP32, shape: [-1, 16]}]
+    outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+    latency_ms: {1: 4.0, 8: 6.5, 32: 15.0}   # per batch size, interpolated linearly
+    memory_mib: 1200
+    load_s: 0.2                               # emulated model load time
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import yaml
+
+from serving.models.base import LoadError, Model, parse_tensor_specs
+from serving.protocol.datatypes import numpy_dtype
+from serving.protocol.types import TensorSpec
+
+
+def interpolate_ms(points: list[tuple[int, float]], rows: int) -> float:
+    """Latency for `rows` by linear interpolation between profile points; beyond the
+    last point the last segment's slope continues (a batch of 64 costs more than 32).
+    A single point is a constant latency."""
+    if len(points) == 1 or rows <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if rows <= x1:
+            return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
+
+
+def parse_profile(doc: Any, where: str) -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("kind") != "profile":
+        raise LoadError(f"{where}: a profile is a YAML mapping with 'kind: profile'")
+    raw = doc.get("latency_ms")
+    if not isinstance(raw, dict) or not raw:
+        raise LoadError(f"{where}: 'latency_ms' must map batch sizes to milliseconds, e.g. {{1: 4.0, 8: 6.5}}")
+    try:
+        points = sorted((int(k), float(v)) for k, v in raw.items())
+    except (TypeError, ValueError):
+        raise LoadError(f"{where}: 'latency_ms' {raw!r} must map integers to numbers") from None
+    if points[0][0] < 1 or any(v < 0 for _, v in points):
+        raise LoadError(f"{where}: batch sizes must be >= 1 and latencies >= 0, got {raw!r}")
+    return {
+        "points": points,
+        "inputs": parse_tensor_specs(doc.get("inputs"), where, "inputs"),
+        "outputs": parse_tensor_specs(doc.get("outputs"), where, "outputs"),
+        "memory_mib": int(doc.get("memory_mib", 0)),
+        "load_s": float(doc.get("load_s", 0.0)),
+    }
+
+
+class ProfileModel(Model):
+    platform = "shoal_emulated"
+    emulated = True
+
+    def load(self) -> None:
+        with open(self.path, encoding="utf-8") as f:
+            try:
+                doc = yaml.safe_load(f)
+            except yaml.YAMLError as exc:
+                raise LoadError(f"{self.path} is not valid YAML: {exc}") from None
+        profile = parse_profile(doc, self.path)
+        self.points = profile["points"]
+        self.memory_mib = profile["memory_mib"]
+        self.inputs, self.outputs = profile["inputs"], profile["outputs"]
+        self.batchable = all(s.shape[:1] == (-1,) for s in self.inputs)
+        time.sleep(profile["load_s"])
+
+    def service_time_s(self, rows: int) -> float:
+        return interpolate_ms(self.points, max(1, rows)) / 1000.0
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        first = next(iter(inputs.values()), None)
+        rows = int(first.shape[0]) if first is not None and first.ndim else 1
+        time.sleep(self.service_time_s(rows))
+        return {o.name: _zeros(o, rows) for o in self.outputs}
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(memory_mib=self.memory_mib, latency_ms=dict(self.points))
+        return info
+
+
+def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    shape = tuple(rows if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec.shape))
+    if spec.datatype == "BYTES":
+        arr = np.empty(shape, dtype=np.object_)
+        arr.fill(b"")
+        return arr
+    return np.zeros(shape, dtype=numpy_dtype(spec.datatype))

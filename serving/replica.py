@@ -1,0 +1,432 @@
+"""The replica: one model on one slice, served over HTTP (V2 REST, KServe V1, /metrics).
+
+    shoal replica ARTIFACT --name NAME [--port P] [--slice 1/4] [--device cpu|gpu:N|emulated:N]
+    python -m serving.replica ARTIFACT --name NAME ...
+
+The HTTP adapter is a plain ASGI app on uvicorn (httptools, uvloop): a thin
+layer that reads bodies with a size limit, calls the DataPlane and maps its
+exceptions to statuses with the table in serving/protocol/errors.py. It binds
+127.0.0.1 unless told otherwise, is live as soon as it listens, ready once the
+model has loaded, and on SIGTERM stops accepting, finishes in-flight requests
+and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from functions.spec import BatchingSpec, SliceRequest, SpecError, validate_name
+from serving.executor import SliceExecutor, apply_binding, bind_slice, parse_cpus
+from serving.protocol.codec import (
+    binary_output_names,
+    decode_infer_request,
+    dumps,
+    encode_infer_response,
+    error_body,
+    parse_header_length,
+    parse_json,
+)
+from serving.protocol.types import RawBody
+from serving.protocol.errors import (
+    ClientDisconnected,
+    InferenceError,
+    InvalidInput,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RouteNotFound,
+    UnsupportedMediaType,
+    message_of,
+    status_of,
+)
+
+log = logging.getLogger("shoal.replica")
+
+JSON = b"application/json"
+OCTET = b"application/octet-stream"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+
+
+class ReplicaApp:
+    """ASGI adapter over a DataPlane."""
+
+    def __init__(self, dataplane, metrics, properties: dict[str, str], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.dataplane = dataplane
+        self.metrics = metrics
+        self.properties = properties
+        self.max_body_bytes = max_body_bytes
+        self.on_startup: list[Callable[[], Awaitable[None]]] = []
+        self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                for hook in self.on_startup:
+                    await hook()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                for hook in self.on_shutdown:
+                    await hook()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ routing
+
+    async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path.startswith("/v2/models/") and path.endswith("/infer"):
+                return await self._infer(scope, receive, send, path)
+            if path.startswith("/v1/models/") and path.endswith(":predict"):
+                return await self._predict_v1(scope, receive, send, path)
+            await self._get(method, path, send)
+        except InferenceError as exc:
+            await _send_error(send, exc)
+        except Exception as exc:  # never let a bug kill the connection without an answer
+            log.exception("unhandled error on %s %s", method, path)
+            await _send_error(send, exc)
+
+    async def _get(self, method: str, path: str, send: Send) -> None:
+        route = _route_get(path)
+        if route is None:
+            raise RouteNotFound(f"no route for {path!r}")
+        if method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{method} is not allowed on {path}; use GET")
+        kind, name, version = route
+        dp = self.dataplane
+        if kind == "live":
+            return await _send_json(send, 200, {"live": True})
+        if kind == "ready":
+            return await _send_json(send, 200 if dp.ready else 503, {"ready": dp.ready})
+        if kind == "server":
+            return await _send_json(send, 200, dp.server_metadata())
+        if kind == "metrics":
+            return await self._metrics(send)
+        if kind == "root":
+            return await _send_json(send, 200, {"status": "alive"})
+        if kind == "v1_list":
+            return await _send_json(send, 200, {"models": [dp.model.name]})
+        if kind in ("model_ready", "v1_model"):
+            dp.check_model(name, version, need_ready=False)
+            return await _send_json(send, 200 if dp.ready else 503, {"name": name, "ready": dp.ready})
+        return await _send_json(send, 200, dp.model_metadata(name, version, self.properties))
+
+    async def _metrics(self, send: Send) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        await _send(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+
+    # ------------------------------------------------------------------ inference
+
+    async def _infer(self, scope: dict, receive: Receive, send: Send, path: str) -> None:
+        parts = path[len("/v2/models/"):-len("/infer")].split("/")
+        if len(parts) == 1:
+            name, version = parts[0], None
+        elif len(parts) == 3 and parts[1] == "versions":
+            name, version = parts[0], parts[2]
+        else:
+            raise RouteNotFound(f"no route for {path!r}")
+        await self._timed(send, self._infer_body(scope, receive, name, version))
+
+    async def _infer_body(self, scope: dict, receive: Receive, name: str, version: str | None):
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST")
+        headers = _headers(scope)
+        body = await self._read_body(receive, headers)
+        header_length = parse_header_length(headers.get("inference-header-content-length"), len(body))
+        request = decode_infer_request(body, header_length)
+        response = await self.dataplane.infer(name, version, request)
+        binary = binary_output_names(request, [o.name for o in response.outputs])
+        payload, json_length = encode_infer_response(response, binary)
+        if json_length is None:
+            return 200, payload, JSON, ()
+        return 200, payload, OCTET, ((b"inference-header-content-length", str(json_length).encode()),)
+
+    async def _predict_v1(self, scope: dict, receive: Receive, send: Send, path: str) -> None:
+        name = path[len("/v1/models/"):-len(":predict")]
+        await self._timed(send, self._predict_v1_body(scope, receive, name))
+
+    async def _predict_v1_body(self, scope: dict, receive: Receive, name: str):
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST")
+        headers = _headers(scope)
+        body = parse_json(await self._read_body(receive, headers))
+        result = await self.dataplane.predict_v1(name, body, headers)
+        if isinstance(result, RawBody):
+            extra = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()
+                          if k.lower() not in ("content-length", "content-type"))
+            return result.status, result.body, result.content_type.encode("latin-1"), extra
+        return 200, dumps(result), JSON, ()
+
+    async def _timed(self, send: Send, work: Awaitable) -> None:
+        """Run one inference request with the replica's request metrics around it."""
+        m = self.metrics
+        start = time.perf_counter()
+        m.inflight.inc()
+        try:
+            status, payload, content_type, extra = await work
+        except Exception as exc:
+            status = status_of(exc)
+            if status >= 500:
+                log.warning("%s: %s", status, message_of(exc))
+            await _send_error(send, exc)
+        else:
+            await _send(send, status, payload, content_type, extra)
+        finally:
+            m.inflight.dec()
+        m.request_duration.observe(time.perf_counter() - start)
+        m.count(status)
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+        limit = self.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected("client disconnected before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = headers.get("content-encoding", "identity").lower()
+        if encoding not in ("identity", ""):
+            body = _decompress(body, encoding, limit)
+        return body
+
+
+def _route_get(path: str) -> tuple[str, str | None, str | None] | None:
+    """(kind, model name, version) for a GET route, or None."""
+    fixed = {
+        "/v2/health/live": "live", "/v2/health/ready": "ready", "/v2": "server", "/v2/": "server",
+        "/metrics": "metrics", "/": "root", "/v1/models": "v1_list", "/v1/models/": "v1_list",
+    }
+    if path in fixed:
+        return fixed[path], None, None
+    if path.startswith("/v1/models/"):
+        name = path[len("/v1/models/"):]
+        return ("v1_model", name, None) if name and "/" not in name else None
+    if not path.startswith("/v2/models/"):
+        return None
+    parts = path[len("/v2/models/"):].split("/")
+    ready = parts[-1] == "ready" and len(parts) in (2, 4)
+    if ready:
+        parts = parts[:-1]
+    if len(parts) == 1 and parts[0]:
+        name, version = parts[0], None
+    elif len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        name, version = parts[0], parts[2]
+    else:
+        return None
+    return ("model_ready" if ready else "model", name, version)
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or identity")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    return out
+
+
+async def _send(send: Send, status: int, body: bytes, content_type: bytes, extra: tuple = ()) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, doc: Any) -> None:
+    await _send(send, status, dumps(doc), JSON)
+
+
+async def _send_error(send: Send, exc: BaseException) -> None:
+    extra: tuple = ()
+    retry = getattr(exc, "retry_after_s", None)
+    if retry:
+        extra = ((b"retry-after", str(max(1, round(retry))).encode()),)
+    await _send(send, status_of(exc), error_body(message_of(exc)), JSON, extra)
+
+
+# ---------------------------------------------------------------------- process
+
+
+def build_parser() -> argparse.ArgumentParser:
+    batching = BatchingSpec()
+    p = argparse.ArgumentParser(prog="shoal replica", description="Serve one model artifact on one slice.")
+    p.add_argument("artifact", help="model file: .onnx, .pt, .joblib/.pkl, .py (handler or kserve.Model), .yaml profile")
+    p.add_argument("--name", help="model name (default: the file name's stem)")
+    p.add_argument("--version", default="1", help="model version (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one; default 8080)")
+    p.add_argument("--loader", help="override detection: onnx, torchscript, sklearn, handler, kserve, profile")
+    p.add_argument("--trust", action="store_true", help="allow pickles (joblib/pickle), which run code when loaded")
+    p.add_argument("--slice", default="1/4", help="share of the device: '1/4', or '1/4:2048' with a memory budget in MiB")
+    p.add_argument("--device", default="auto", help="cpu, gpu:N or emulated:N (auto: gpu:0 when a GPU is visible)")
+    p.add_argument("--cpus", help="CPU affinity, e.g. '0-1' (default: not pinned)")
+    p.add_argument("--max-batch-size", type=int, default=batching.max_batch_size)
+    p.add_argument("--max-queue-delay-ms", type=float, default=batching.max_queue_delay_ms)
+    p.add_argument("--preferred-batch-sizes", default="", help="comma-separated, e.g. '4,8'")
+    p.add_argument("--max-queue", type=int, default=batching.max_queue_requests, help="requests waiting before 503")
+    p.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
+    p.add_argument("--request-timeout-s", type=float, default=60.0)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def default_device() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible not in (None, "", "-1") and Path("/dev/nvidia0").exists():
+        return "gpu:0"
+    if visible is None and Path("/dev/nvidia0").exists():
+        return "gpu:0"
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        name = validate_name(args.name or _name_from(args.artifact), "model name")
+        slice_request = SliceRequest.parse(args.slice)
+        batching = BatchingSpec(
+            max_batch_size=args.max_batch_size,
+            max_queue_delay_ms=args.max_queue_delay_ms,
+            preferred_batch_sizes=tuple(int(x) for x in args.preferred_batch_sizes.split(",") if x.strip()),
+            max_queue_requests=args.max_queue,
+        )
+        device = default_device() if args.device == "auto" else args.device
+        binding = bind_slice(slice_request, device, parse_cpus(args.cpus), os.cpu_count() or 1)
+    except (SpecError, ValueError) as exc:
+        print(f"shoal replica: {exc}", file=sys.stderr)
+        return 2
+    apply_binding(binding)  # before any framework starts threads
+    return _serve(args, name, binding, batching)
+
+
+def _name_from(artifact: str) -> str:
+    stem = Path(artifact).stem.lower().replace("_", "-").replace(".", "-")
+    return "".join(c for c in stem if c.isalnum() or c == "-").strip("-") or "model"
+
+
+def _serve(args, name: str, binding, batching: BatchingSpec) -> int:
+    from serving.dataplane import DataPlane
+    from serving.metrics import ReplicaMetrics
+    from serving.models import LoadError, LoadOptions, create_model
+
+    options = LoadOptions(
+        threads=binding.threads, device=binding.device, gpu_mem_limit_mib=binding.slice.memory_mib,
+        trust=args.trust, version=args.version,
+    )
+    try:
+        model = create_model(args.artifact, name, args.loader, options)
+    except LoadError as exc:
+        print(f"shoal replica: {exc}", file=sys.stderr)
+        return 2
+    metrics = ReplicaMetrics(name, binding.labels())
+    executor = SliceExecutor(binding, on_busy=metrics.busy.inc)
+    dataplane = DataPlane(model, executor, metrics, batching, request_timeout_s=args.request_timeout_s)
+    app = ReplicaApp(dataplane, metrics, binding.labels(), int(args.max_body_mib * 2**20))
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"shoal replica: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    label = " (emulated device)" if binding.emulated else ""
+    print(f"shoal replica {name} listening on http://{host}:{port} slice {binding.slice.name} on {binding.device}{label}", flush=True)
+    return _run_server(app, dataplane, executor, sock, args.log_level, LoadError)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_level: str, load_error_type) -> int:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, loop="none", http="httptools", lifespan="on", log_level=log_level, access_log=False,
+        server_header=False, date_header=False, timeout_graceful_shutdown=30, backlog=2048,
+    )
+    server = uvicorn.Server(config)
+    exit_code = 0
+
+    async def load_model() -> None:
+        nonlocal exit_code
+        try:
+            await dataplane.load()
+        except load_error_type as exc:
+            print(f"shoal replica: {exc}", file=sys.stderr, flush=True)
+            exit_code, server.should_exit = 3, True
+        except Exception as exc:
+            print(f"shoal replica: loading the model failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            exit_code, server.should_exit = 3, True
+
+    async def startup() -> None:
+        app.loader_task = asyncio.get_running_loop().create_task(load_model())
+
+    app.on_startup.append(startup)
+    app.on_shutdown.append(dataplane.stop)
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handler
+    # it found; a no-op one lets a drained replica exit with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(server.serve(sockets=[sock]))
+    executor.shutdown()
+    return exit_code
+
+
+def _loop_factory():
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())

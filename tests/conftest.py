@@ -1,0 +1,88 @@
+"""Shared fixtures: the digits ONNX model, and real replica processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "functions" / "examples"
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(tmp_path_factory) -> Path:
+    from functions.examples.digits import build_digits_onnx
+
+    return build_digits_onnx(tmp_path_factory.mktemp("models") / "digits.onnx")
+
+
+@dataclass
+class Replica:
+    proc: subprocess.Popen
+    url: str
+    banner: str
+
+    @property
+    def hostport(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_replica(artifact: Path | str, *args: str, ready_timeout: float = 60.0, wait_ready: bool = True) -> Replica:
+    """Start `python -m serving.replica` on a free loopback port; wait until ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.replica", str(artifact), "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    banner = proc.stdout.readline()
+    if "listening on" not in banner:
+        proc.wait(30)
+        raise RuntimeError(f"replica did not start (rc={proc.returncode}): {banner}{proc.stderr.read()}")
+    url = banner.split("listening on ", 1)[1].split()[0]
+    replica = Replica(proc, url, banner)
+    if wait_ready:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"replica exited rc={proc.returncode}: {proc.stderr.read()}")
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                    return replica
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        replica.stop(signal.SIGKILL)
+        raise RuntimeError("replica did not become ready in time")
+    return replica
+
+
+@pytest.fixture
+def replica_factory():
+    started: list[Replica] = []
+
+    def factory(artifact, *args, **kwargs) -> Replica:
+        r = start_replica(artifact, *args, **kwargs)
+        started.append(r)
+        return r
+
+    yield factory
+    for r in started:
+        r.stop(timeout=10)
