@@ -388,7 +388,7 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_l
     import uvicorn
 
     config = uvicorn.Config(
-        app, loop="none", http="httptools", lifespan="on", log_level=log_level, access_log=False,
+        app, loop="none", http="httptools", ws="none", lifespan="on", log_level=log_level, access_log=False,
         server_header=False, date_header=False, timeout_graceful_shutdown=30, backlog=2048,
     )
     server = uvicorn.Server(config)
