@@ -67,6 +67,7 @@ class ReplicaApp:
         self.metrics = metrics
         self.properties = properties
         self.max_body_bytes = max_body_bytes
+        self.loader_task: asyncio.Task | None = None
         self.on_startup: list[Callable[[], Awaitable[None]]] = []
         self.on_shutdown: list[Callable[[], Awaitable[None]]] = []
 
@@ -311,12 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_device() -> str:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible not in (None, "", "-1") and Path("/dev/nvidia0").exists():
-        return "gpu:0"
-    if visible is None and Path("/dev/nvidia0").exists():
-        return "gpu:0"
-    return "cpu"
+    """gpu:0 when an NVIDIA device node exists and CUDA_VISIBLE_DEVICES does not hide it."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1")
+    return "gpu:0" if Path("/dev/nvidia0").exists() and not hidden else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
