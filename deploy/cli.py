@@ -10,6 +10,14 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("deploy.server:main", "run the control plane: gateway, API, controller, local backend"),
+    "deploy": ("deploy.commands:deploy", "deploy a model artifact as a function"),
+    "ls": ("deploy.commands:ls", "list functions"),
+    "rm": ("deploy.commands:rm", "remove a function"),
+    "invoke": ("deploy.commands:invoke", "send one request to a function"),
+    "events": ("deploy.commands:events", "show scale decisions and other events"),
+    "top": ("deploy.commands:top", "live table of functions, replicas, slices, duty cycle"),
+    "export": ("deploy.commands:export", "write a function as a Nuclio function.yaml"),
     "replica": ("serving.replica:main", "serve one model artifact on one slice (V2, V1, /metrics)"),
     "demo": ("deploy.demo:main", "serve the example model and call it every way (make demo)"),
     "version": ("deploy.cli:version", "print Shoal's version"),

@@ -166,3 +166,61 @@ def spec_defaults() -> dict[str, dict[str, Any]]:
         cls.__name__: {f.name: getattr(cls(), f.name) for f in fields(cls)}
         for cls in (BatchingSpec, SliceRequest, ScalingSpec)
     }
+
+
+def spec_to_dict(spec: FunctionSpec) -> dict[str, Any]:
+    """A FunctionSpec as plain JSON-able data (the registry's and the API's form)."""
+    slice_text = spec.slice.name + (f":{spec.slice.memory_mib}" if spec.slice.memory_mib else "")
+    return {
+        "name": spec.name,
+        "artifact": spec.artifact,
+        "loader": spec.loader,
+        "trust": spec.trust,
+        "version": spec.version,
+        "slice": slice_text,
+        "scaling": {f.name: getattr(spec.scaling, f.name) for f in fields(ScalingSpec)},
+        "batching": {
+            f.name: list(v) if isinstance(v := getattr(spec.batching, f.name), tuple) else v
+            for f in fields(BatchingSpec)
+        },
+    }
+
+
+def spec_from_dict(doc: dict[str, Any]) -> FunctionSpec:
+    """Parse and validate; unknown keys are errors that name the key."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"a function spec must be an object, got {type(doc).__name__}")
+    known = {"name", "artifact", "loader", "trust", "version", "slice", "scaling", "batching"}
+    unknown = set(doc) - known
+    if unknown:
+        raise SpecError(f"unknown function spec field(s) {sorted(unknown)}; expected {sorted(known)}")
+    scaling = _section(ScalingSpec, doc.get("scaling"), "scaling")
+    batching_doc = dict(doc.get("batching") or {})
+    if "preferred_batch_sizes" in batching_doc:
+        batching_doc["preferred_batch_sizes"] = tuple(batching_doc["preferred_batch_sizes"])
+    batching = _section(BatchingSpec, batching_doc, "batching")
+    return FunctionSpec(
+        name=doc.get("name", ""),
+        artifact=doc.get("artifact", ""),
+        loader=doc.get("loader"),
+        trust=bool(doc.get("trust", False)),
+        version=str(doc.get("version", "1")),
+        slice=SliceRequest.parse(doc.get("slice", "1/4")),
+        scaling=scaling,
+        batching=batching,
+    )
+
+
+def _section(cls, doc: Any, where: str):
+    if doc is None:
+        return cls()
+    if not isinstance(doc, dict):
+        raise SpecError(f"'{where}' must be an object")
+    names = {f.name for f in fields(cls)}
+    unknown = set(doc) - names
+    if unknown:
+        raise SpecError(f"unknown '{where}' field(s) {sorted(unknown)}; expected {sorted(names)}")
+    try:
+        return cls(**doc)
+    except TypeError as exc:
+        raise SpecError(f"'{where}': {exc}") from None

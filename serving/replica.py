@@ -412,13 +412,13 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_l
     # it found; a no-op one lets a drained replica exit with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
     executor.shutdown()
     return exit_code
 
 
-def _loop_factory():
+def event_loop_factory():
     try:
         import uvloop
     except ImportError:

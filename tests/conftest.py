@@ -86,3 +86,54 @@ def replica_factory():
     yield factory
     for r in started:
         r.stop(timeout=10)
+
+
+@dataclass
+class Plane:
+    """A `shoal up` process on a free loopback port."""
+
+    proc: subprocess.Popen
+    url: str
+    state_dir: Path
+
+    @property
+    def hostport(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def client(self):
+        from deploy.client import Shoal
+
+        return Shoal(self.url, state_dir=self.state_dir)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_plane(state_dir: Path, *args: str) -> Plane:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "up", "--port", "0", "--state-dir", str(state_dir), "--tick-s", "0.2",
+         "--log-level", "warning", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    banner = proc.stdout.readline()
+    if "endpoint" not in banner:
+        proc.kill()
+        raise RuntimeError(f"shoal up did not start: {banner}{proc.stderr.read()}")
+    url = banner.split("endpoint ", 1)[1].split()[0]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                return Plane(proc, url, state_dir)
+        except httpx.TransportError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("shoal up not ready in 60 s")

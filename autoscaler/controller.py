@@ -1,0 +1,364 @@
+"""The controller: the async loop from metrics to policy to placement to backend.
+
+Every tick (1 s by default), or at once when the gateway pokes a function that
+has requests waiting, it builds each function's MetricsSnapshot (the gateway's
+in-flight and held counts, and each ready replica's /metrics), asks `decide()`
+for the number of replicas, and reconciles: places and starts new replicas,
+drains and stops surplus ones (newest first, so warm replicas keep serving).
+
+It is written against narrow interfaces declared here and implemented in
+`deploy/` (the local or Kubernetes backend, the gateway's routing table, the
+registry): autoscaler imports nothing from serving or deploy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from autoscaler.metrics import MetricsSnapshot, ReplicaStat, bucket_delta, duty_cycle, merge_buckets, quantile, request_rate
+from autoscaler.placement import Demand, Inventory, Placement, Unplaceable, place
+from autoscaler.policy import PolicyState, ScaleDecision, decide
+from functions.spec import FunctionSpec
+
+log = logging.getLogger("shoal.controller")
+
+
+# ---------------------------------------------------------------------- what the controller needs
+
+
+class ReplicaHandle(Protocol):
+    host: str
+    port: int
+
+
+class ReplicaBackend(Protocol):
+    async def create(self, replica_id: str, spec: FunctionSpec, placement: Placement) -> ReplicaHandle: ...
+    async def wait_ready(self, handle: ReplicaHandle, timeout_s: float) -> tuple[float, float]:
+        """Seconds from create to live (HTTP answering) and to ready (model loaded)."""
+    async def stop(self, handle: ReplicaHandle, grace_s: float) -> None: ...
+    def exited(self, handle: ReplicaHandle) -> int | None: ...
+
+
+class Router(Protocol):
+    def add_endpoint(self, function: str, replica: str, host: str, port: int,
+                     spawn_s: float | None = None, load_s: float | None = None) -> None: ...
+    async def drain_endpoint(self, function: str, replica: str, timeout_s: float) -> bool: ...
+    def remove_endpoint(self, function: str, replica: str) -> None: ...
+    def forget(self, function: str) -> None: ...
+    def fail_waiters(self, function: str, message: str) -> None: ...
+    def held(self, function: str) -> int: ...
+    def outstanding(self, function: str) -> int: ...
+
+
+class MetricsSource(Protocol):
+    async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None: ...
+
+
+class FunctionSource(Protocol):
+    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
+        """Every registered function with its revision."""
+
+
+EventSink = Callable[..., None]  # (kind, message, function=None, data=None)
+
+
+# ---------------------------------------------------------------------- state
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    function: str
+    revision: int
+    placement: Placement
+    state: str = "starting"  # starting | ready | draining | stopped | failed
+    handle: Any = None
+    created_at: float = 0.0
+    ready_at: float | None = None
+    stats: list[ReplicaStat] = field(default_factory=list)  # the last two scrapes
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    tick_s: float = 1.0
+    ready_timeout_s: float = 120.0
+    drain_timeout_s: float = 30.0
+    stop_grace_s: float = 30.0
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"], registry=registry)
+        self.decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
+                                 ["function", "reason"], registry=registry)
+        self.allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
+                               ["device", "emulated"], registry=registry)
+
+
+class Controller:
+    def __init__(
+        self,
+        source: FunctionSource,
+        backend: ReplicaBackend,
+        router: Router,
+        metrics_source: MetricsSource,
+        inventory: Inventory,
+        events: EventSink,
+        registry: CollectorRegistry,
+        config: ControllerConfig = ControllerConfig(),
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.source = source
+        self.backend = backend
+        self.router = router
+        self.metrics_source = metrics_source
+        self.inventory = inventory
+        self.events = events
+        self.config = config
+        self.clock = clock
+        self.metrics = ControllerMetrics(registry)
+        self.replicas: dict[str, Replica] = {}
+        self.policy_state: dict[str, PolicyState] = {}
+        self.last_decision: dict[str, ScaleDecision] = {}
+        self.snapshots: dict[str, MetricsSnapshot] = {}
+        self.cold_starts: dict[str, float] = {}
+        self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
+        self._wake = asyncio.Event()
+        self._poked: set[str] = set()
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        for device in inventory.devices:
+            self.metrics.allocated.labels(device.id, str(device.emulated).lower()).set_function(
+                lambda d=device.id: self.inventory.allocated_ratio(d)
+            )
+
+    # ------------------------------------------------------------------ loop
+
+    def poke(self, function: str) -> None:
+        """Requests are waiting for `function`: reconcile it now, not at the next tick."""
+        self._poked.add(function)
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            poked, self._poked = self._poked, set()
+            try:
+                await self.tick(only=poked or None)
+            except Exception:  # a bad tick must not stop the control loop
+                log.exception("controller tick failed")
+
+    async def tick(self, only: set[str] | None = None) -> None:
+        functions = self.source.functions()
+        self._reap(functions)
+        names = functions.keys() if only is None else [n for n in only if n in functions]
+        await asyncio.gather(*(self.reconcile(n, *functions[n]) for n in names))
+        self._export_counts(functions)
+
+    async def reconcile(self, name: str, spec: FunctionSpec, revision: int) -> None:
+        now = self.clock()
+        snapshot = await self.snapshot(name, now)
+        self.snapshots[name] = snapshot
+        state = self.policy_state.get(name, PolicyState())
+        decision, self.policy_state[name] = decide(snapshot, spec.scaling, state, now)
+        mine = self._live(name)
+        current = len(mine)
+        if decision.desired != current:
+            self.metrics.decisions.labels(name, decision.reason).inc()
+            self.events("scale", f"{current} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
+                        function=name, data={"from": current, "to": decision.desired, "reason": decision.reason})
+        self.last_decision[name] = decision
+        count, not_before = self.failures.get(name, (0, 0.0))
+        if decision.desired > current and now < not_before:
+            # crash-loop back-off: a replica of this revision failed to start moments ago
+            self.router.fail_waiters(name, f"function {name!r} is failing to start; retrying in {not_before - now:.0f} s")
+            return
+        for _ in range(decision.desired - current):
+            self._spawn_task(self.start_replica(name, spec, revision))
+        if decision.desired < current:
+            # newest first: the oldest replicas are warm and keep serving
+            for replica in sorted(mine, key=lambda r: r.created_at, reverse=True)[: current - decision.desired]:
+                self._spawn_task(self.stop_replica(replica, decision.reason))
+
+    async def snapshot(self, name: str, now: float) -> MetricsSnapshot:
+        mine = self._live(name)
+        ready = [r for r in mine if r.state == "ready"]
+        stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
+        duties, rps, deltas, queued = [], 0.0, [], 0.0
+        for replica, stat in zip(ready, stats):
+            if stat is None:
+                continue
+            prev = replica.stats[-1] if replica.stats else None
+            replica.stats = [s for s in (prev, stat) if s is not None]
+            queued += stat.queued
+            if prev is not None:
+                duties.append(duty_cycle(prev, stat))
+                rps += request_rate(prev, stat)
+            deltas.append(bucket_delta(prev, stat))
+        outstanding = self.router.outstanding(name)
+        return MetricsSnapshot(
+            function=name, at=now, ready=len(ready), starting=len(mine) - len(ready),
+            inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
+            duty=tuple(duties), rps=rps, p95_s=quantile(merge_buckets(deltas), 0.95),
+            cold_start_s=self.cold_starts.get(name),
+        )
+
+    async def _scrape(self, replica: Replica, now: float) -> ReplicaStat | None:
+        try:
+            return await self.metrics_source.scrape(replica.id, replica.handle.host, replica.handle.port, now)
+        except Exception as exc:  # a replica that cannot be scraped is judged by its process state
+            log.debug("scrape of %s failed: %s", replica.id, exc)
+            return None
+
+    # ------------------------------------------------------------------ replicas
+
+    def _live(self, name: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.function == name and r.state in ("starting", "ready")]
+
+    def _spawn_task(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def demand_for(self, spec: FunctionSpec, replica_id: str) -> Demand:
+        kinds = ("emulated",) if _is_profile(spec) else ("gpu", "cpu")
+        return Demand(replica_id, spec.name, Fraction(spec.slice.fraction), spec.slice.memory_mib, kinds)
+
+    async def start_replica(self, name: str, spec: FunctionSpec, revision: int) -> Replica | None:
+        replica_id = f"{name}-{next(self._ids)}"
+        placed = place(self.demand_for(spec, replica_id), self.inventory)
+        if isinstance(placed, Unplaceable):
+            self.events("unplaceable", f"cannot place a replica of {name}: {placed.message}", function=name,
+                        data={"reasons": list(placed.reasons)})
+            return None
+        self.inventory = self.inventory.allocate(placed)
+        replica = Replica(replica_id, name, revision, placed, created_at=self.clock())
+        self.replicas[replica_id] = replica
+        try:
+            replica.handle = await self.backend.create(replica_id, spec, placed)
+            live_s, ready_s = await self.backend.wait_ready(replica.handle, self.config.ready_timeout_s)
+        except Exception as exc:
+            message = f"replica {replica_id} failed to start: {exc}"
+            await self._fail(replica, message)
+            count = self.failures.get(name, (0, 0.0))[0] + 1
+            # back-off 1, 2, 4 ... 30 s, like a Kubernetes CrashLoopBackOff
+            self.failures[name] = (count, self.clock() + min(30.0, 2.0 ** (count - 1)))
+            self.router.fail_waiters(name, message)
+            return None
+        self.failures.pop(name, None)
+        if replica.state != "starting":  # stopped while it was starting
+            return replica
+        replica.state, replica.ready_at = "ready", self.clock()
+        self.cold_starts[name] = ready_s
+        self.router.add_endpoint(name, replica_id, replica.handle.host, replica.handle.port,
+                                 spawn_s=live_s, load_s=max(0.0, ready_s - live_s))
+        self.events("replica_ready", f"{replica_id} ready in {ready_s:.3f} s on {placed.device.id} "
+                    f"slice {_slice(placed)}{' (emulated)' if placed.device.emulated else ''}",
+                    function=name, data={"replica": replica_id, "ready_s": ready_s, "spawn_s": live_s,
+                                         "device": placed.device.id, "cpus": list(placed.cpus)})
+        return replica
+
+    async def stop_replica(self, replica: Replica, reason: str) -> None:
+        if replica.state in ("draining", "stopped", "failed"):
+            return
+        was_ready = replica.state == "ready"
+        replica.state = "draining"
+        if was_ready:
+            drained = await self.router.drain_endpoint(replica.function, replica.id, self.config.drain_timeout_s)
+            if not drained:
+                log.warning("%s did not drain in %.0f s", replica.id, self.config.drain_timeout_s)
+            self.router.remove_endpoint(replica.function, replica.id)
+        if replica.handle is not None:
+            await self.backend.stop(replica.handle, self.config.stop_grace_s)
+        replica.state = "stopped"
+        self.inventory = self.inventory.release(replica.id)
+        self.replicas.pop(replica.id, None)
+        self.events("replica_stopped", f"{replica.id} stopped ({reason})", function=replica.function,
+                    data={"replica": replica.id, "reason": reason})
+
+    async def _fail(self, replica: Replica, message: str) -> None:
+        replica.state = "failed"
+        self.router.remove_endpoint(replica.function, replica.id)
+        if replica.handle is not None and self.backend.exited(replica.handle) is None:
+            await self.backend.stop(replica.handle, 1.0)
+        self.inventory = self.inventory.release(replica.id)
+        self.replicas.pop(replica.id, None)
+        self.events("replica_failed", message, function=replica.function, data={"replica": replica.id})
+
+    def _reap(self, functions: dict[str, tuple[FunctionSpec, int]]) -> None:
+        """Replicas whose process died, or whose function was removed or changed."""
+        for replica in list(self.replicas.values()):
+            if replica.state not in ("starting", "ready"):
+                continue
+            if replica.function not in functions or functions[replica.function][1] != replica.revision:
+                self._spawn_task(self.stop_replica(replica, "function removed or updated"))
+            elif replica.handle is not None and (code := self.backend.exited(replica.handle)) is not None:
+                self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
+        for name in list(self.policy_state):
+            if name not in functions:
+                self.policy_state.pop(name, None)
+                self.router.forget(name)
+
+    def _export_counts(self, functions) -> None:
+        for name in functions:
+            counts = {"starting": 0, "ready": 0, "draining": 0}
+            for r in self.replicas.values():
+                if r.function == name and r.state in counts:
+                    counts[r.state] += 1
+            for state, n in counts.items():
+                self.metrics.replicas.labels(name, state).set(n)
+
+    async def shutdown(self) -> None:
+        """Drain and stop every replica (graceful `shoal up` exit)."""
+        self._stopping = True
+        self._wake.set()
+        await asyncio.gather(*(self.stop_replica(r, "shutdown") for r in list(self.replicas.values())),
+                             return_exceptions=True)
+
+    # ------------------------------------------------------------------ views
+
+    def status(self) -> dict[str, Any]:
+        out = {}
+        for name, snap in self.snapshots.items():
+            decision = self.last_decision.get(name)
+            out[name] = {
+                "ready": snap.ready, "starting": snap.starting, "inflight": snap.inflight,
+                "held": snap.activator_queue, "rps": snap.rps, "p95_s": snap.p95_s,
+                "desired": decision.desired if decision else None,
+                "reason": decision.reason if decision else None,
+                "replicas": [self._replica_view(r) for r in self.replicas.values() if r.function == name],
+            }
+        return out
+
+    def _replica_view(self, r: Replica) -> dict[str, Any]:
+        duty = duty_cycle(r.stats[0], r.stats[1]) if len(r.stats) == 2 else None
+        return {
+            "id": r.id, "state": r.state, "device": r.placement.device.id,
+            "emulated": r.placement.device.emulated, "slice": _slice(r.placement), "cpus": list(r.placement.cpus),
+            "port": getattr(r.handle, "port", None), "duty": duty,
+            "inflight": r.stats[-1].inflight if r.stats else 0.0,
+        }
+
+
+def _slice(placement: Placement) -> str:
+    f = placement.fraction
+    return f"{f.numerator}/{f.denominator}"
+
+
+def _is_profile(spec: FunctionSpec) -> bool:
+    if spec.loader is not None:
+        return spec.loader == "profile"
+    return spec.artifact.lower().endswith((".yaml", ".yml"))

@@ -1,0 +1,129 @@
+"""What the controller knows about replicas and functions, and how it is computed (pure).
+
+A `ReplicaStat` is one scrape of a replica's /metrics, parsed with
+prometheus_client's own parser. Rates (duty cycle, requests per second) and
+windowed latency quantiles come from the difference of two scrapes, so nothing
+here reads a clock: `at` is passed in. `serving` may import this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStat:
+    """One scrape of one replica."""
+
+    replica: str
+    at: float
+    inflight: float = 0.0
+    queued: float = 0.0
+    completed: float = 0.0  # requests answered, any status
+    errors: float = 0.0  # answered with 5xx
+    busy_s: float = 0.0  # executor busy seconds (counter)
+    # cumulative request-duration histogram: ((upper bound s, count), ...), +Inf last
+    latency_buckets: tuple[tuple[float, float], ...] = ()
+    model_load_s: float | None = None
+
+
+def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
+    """A ReplicaStat from a replica's Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    completed = errors = 0.0
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "shoal_replica_requests_total":
+                completed += s.value
+                if s.labels.get("code", "").startswith("5"):
+                    errors += s.value
+            elif s.name == "shoal_replica_request_duration_seconds_bucket":
+                buckets.append((float(s.labels["le"]), s.value))
+            else:
+                values[s.name] = s.value
+    buckets.sort()
+    return ReplicaStat(
+        replica=replica, at=at,
+        inflight=values.get("shoal_replica_inflight", 0.0),
+        queued=values.get("shoal_replica_queued", 0.0),
+        completed=completed, errors=errors,
+        busy_s=values.get("shoal_replica_busy_seconds_total", 0.0),
+        latency_buckets=tuple(buckets),
+        model_load_s=values.get("shoal_replica_model_load_seconds"),
+    )
+
+
+def duty_cycle(prev: ReplicaStat, cur: ReplicaStat) -> float:
+    """Busy fraction of the slice between two scrapes: d(busy seconds) / d(time), in [0, 1]."""
+    elapsed = cur.at - prev.at
+    if elapsed <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (cur.busy_s - prev.busy_s) / elapsed))
+
+
+def request_rate(prev: ReplicaStat, cur: ReplicaStat) -> float:
+    elapsed = cur.at - prev.at
+    return max(0.0, cur.completed - prev.completed) / elapsed if elapsed > 0 else 0.0
+
+
+def bucket_delta(prev: ReplicaStat | None, cur: ReplicaStat) -> tuple[tuple[float, float], ...]:
+    """The histogram of requests answered between two scrapes."""
+    if prev is None or len(prev.latency_buckets) != len(cur.latency_buckets):
+        return cur.latency_buckets
+    return tuple((le, max(0.0, c - p)) for (le, c), (_, p) in zip(cur.latency_buckets, prev.latency_buckets))
+
+
+def quantile(buckets: tuple[tuple[float, float], ...] | list, q: float) -> float | None:
+    """Quantile from cumulative buckets, interpolated linearly inside the bucket as
+    Prometheus' histogram_quantile does; None with no observations. A quantile that
+    falls in the +Inf bucket is reported as the highest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def merge_buckets(histograms: list[tuple[tuple[float, float], ...]]) -> tuple[tuple[float, float], ...]:
+    """Sum histograms that share bucket bounds (replicas of one function)."""
+    histograms = [h for h in histograms if h]
+    if not histograms:
+        return ()
+    bounds = [le for le, _ in histograms[0]]
+    return tuple((le, sum(h[i][1] for h in histograms if len(h) == len(bounds))) for i, le in enumerate(bounds))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What a function looks like at `at`: the input of `decide()`."""
+
+    function: str
+    at: float
+    ready: int = 0
+    starting: int = 0
+    inflight: float = 0.0  # inside replicas (queued or running)
+    queued: float = 0.0  # waiting in replicas' batch queues
+    activator_queue: int = 0  # held at the gateway, waiting for a replica
+    duty: tuple[float, ...] = ()  # busy fraction per ready replica over the last window
+    rps: float = 0.0
+    p95_s: float | None = None
+    cold_start_s: float | None = None  # last measured, for cold-start-aware policies
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def demand(self) -> float:
+        """Requests wanting service now: inside replicas plus held at the gateway."""
+        return self.inflight + self.activator_queue

@@ -1,0 +1,141 @@
+"""The control-plane REST API (FastAPI), under /api/v1, behind the bearer token.
+
+    POST   /api/v1/artifacts?filename=F        body: the artifact bytes -> {ref, size}
+    PUT    /api/v1/functions/{name}            body: a function spec -> the function
+    GET    /api/v1/functions[/{name}]
+    DELETE /api/v1/functions/{name}
+    GET    /api/v1/functions/{name}/export     a Nuclio function.yaml (Python handler functions)
+    GET    /api/v1/events?function=&after=&limit=
+    GET    /api/v1/status                       functions, replicas, slices, duty, p95 (for `shoal top`)
+    GET    /api/v1/inventory
+
+No token: 401; a wrong token: 403; tokens are compared in constant time.
+Errors are `{"error": "..."}` like the inference protocol's.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from functions.artifacts import ArtifactError, ArtifactTooLarge, validate_filename
+from functions.nuclio import to_function_yaml
+from functions.registry import NotFound
+from functions.spec import SpecError, spec_from_dict, validate_name
+
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def check_token(header: str | None, token: str) -> ApiError | None:
+    """None when authorized; else 401 (no credentials) or 403 (wrong ones)."""
+    if not header:
+        return ApiError(401, "missing bearer token: pass --token, SHOAL_TOKEN or the token file of shoal up",
+                        {"WWW-Authenticate": 'Bearer realm="shoal"'})
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+        return ApiError(403, "invalid bearer token")
+    return None
+
+
+def create_api(plane) -> FastAPI:
+    """`plane` is the running ControlPlane (deploy/server.py)."""
+    app = FastAPI(title="Shoal control API", version="1", docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(SpecError)
+    async def _spec_error(request: Request, exc: SpecError):
+        status = 413 if isinstance(exc, ArtifactTooLarge) else 400
+        return JSONResponse({"error": str(exc)}, status_code=status)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Callable):
+        denied = check_token(request.headers.get("authorization"), plane.token)
+        if denied is not None:
+            return JSONResponse({"error": denied.message}, status_code=denied.status, headers=denied.headers)
+        return await call_next(request)
+
+    @app.post("/api/v1/artifacts")
+    async def upload(request: Request, filename: str) -> dict[str, Any]:
+        validate_filename(filename)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > plane.store.max_bytes:
+            raise ArtifactTooLarge(f"artifact {filename!r} of {declared} bytes exceeds the limit of {plane.store.max_bytes} bytes")
+        artifact = await plane.store_artifact(request.stream(), filename)
+        return {"ref": artifact.ref, "digest": artifact.digest, "size": artifact.size}
+
+    @app.put("/api/v1/functions/{name}")
+    async def put_function(name: str, request: Request) -> dict[str, Any]:
+        validate_name(name)
+        try:
+            doc = await request.json()
+        except ValueError:
+            raise ApiError(400, "function spec must be a JSON object") from None
+        if not isinstance(doc, dict):
+            raise ApiError(400, "function spec must be a JSON object")
+        doc["name"] = name
+        spec = spec_from_dict(doc)
+        if not plane.store.has(spec.artifact):
+            raise ApiError(400, f"artifact {spec.artifact!r} is not in the store: upload it first")
+        if spec.artifact.lower().endswith(PICKLE_SUFFIXES) and not spec.trust:
+            raise ApiError(400, f"{spec.artifact.rsplit('/', 1)[-1]} is a pickle: loading it runs code from the file; "
+                                "refused without --trust (trust: true)")
+        record = plane.put_function(spec)
+        return plane.function_view(record)
+
+    @app.get("/api/v1/functions")
+    async def list_functions() -> dict[str, Any]:
+        return {"functions": [plane.function_view(r) for r in plane.registry.list_functions()]}
+
+    @app.get("/api/v1/functions/{name}")
+    async def get_function(name: str) -> dict[str, Any]:
+        return plane.function_view(_get(plane, name))
+
+    @app.delete("/api/v1/functions/{name}")
+    async def delete_function(name: str) -> dict[str, Any]:
+        _get(plane, name)
+        plane.delete_function(name)
+        return {"deleted": name}
+
+    @app.get("/api/v1/functions/{name}/export")
+    async def export(name: str) -> PlainTextResponse:
+        record = _get(plane, name)
+        path = plane.store.path(record.spec.artifact)
+        if path.suffix != ".py":
+            raise ApiError(400, f"{name} is a {path.suffix} model: export writes Nuclio function.yaml for Python handler functions")
+        return PlainTextResponse(to_function_yaml(record.spec, path.read_bytes()), media_type="application/yaml")
+
+    @app.get("/api/v1/events")
+    async def events(function: str | None = None, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        return {"events": [e.to_json() for e in plane.registry.events(function, after, max(1, min(limit, 1000)))]}
+
+    @app.get("/api/v1/status")
+    async def status() -> dict[str, Any]:
+        return plane.status()
+
+    @app.get("/api/v1/inventory")
+    async def inventory() -> dict[str, Any]:
+        return plane.inventory_view()
+
+    return app
+
+
+def _get(plane, name: str):
+    try:
+        return plane.registry.get_function(name)
+    except NotFound:
+        raise ApiError(404, f"function {name!r} not found") from None
+
+
+__all__ = ["create_api", "check_token", "ApiError", "ArtifactError"]

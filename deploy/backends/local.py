@@ -1,0 +1,207 @@
+"""The local backend: replicas as processes on this machine, forked from a zygote.
+
+The zygote (deploy/backends/zygote.py) imports the runtime once; each replica
+is a fork that loads its own model, bound to its slice (CPU affinity and
+threads, or CUDA_VISIBLE_DEVICES, MPS limits and the framework's memory limit
+on a GPU). Replicas die with the control plane, even on `kill -9`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from autoscaler.placement import Placement
+from functions.spec import FunctionSpec
+
+log = logging.getLogger("shoal.local")
+
+
+class ReplicaStartError(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class LocalReplica:
+    id: str
+    host: str
+    port: int
+    log_path: Path
+    created_at: float
+    pid: int | None = None
+    exit_code: int | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def replica_env(placement: Placement) -> dict[str, str]:
+    """How the slice is enforced from outside the replica process."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    device = placement.device
+    if device.kind == "gpu":
+        env["CUDA_VISIBLE_DEVICES"] = device.id.split(":", 1)[1]
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(float(placement.fraction) * 100)))
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={placement.memory_mib}M"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host: str, port: int) -> list[str]:
+    device = placement.device
+    # Inside the replica a GPU is always index 0: CUDA_VISIBLE_DEVICES exposes only its own.
+    device_arg = {"gpu": "gpu:0", "cpu": "cpu"}.get(device.kind, device.id)
+    f = placement.fraction
+    argv = [
+        str(artifact), "--name", spec.name, "--version", spec.version, "--host", host, "--port", str(port),
+        "--slice", f"{f.numerator}/{f.denominator}:{placement.memory_mib}" if placement.memory_mib else f"{f.numerator}/{f.denominator}",
+        "--device", device_arg,
+        "--max-batch-size", str(spec.batching.max_batch_size),
+        "--max-queue-delay-ms", str(spec.batching.max_queue_delay_ms),
+        "--max-queue", str(spec.batching.max_queue_requests),
+        "--log-level", "warning",
+    ]
+    if spec.batching.preferred_batch_sizes:
+        argv += ["--preferred-batch-sizes", ",".join(map(str, spec.batching.preferred_batch_sizes))]
+    if placement.cpus:
+        argv += ["--cpus", ",".join(map(str, placement.cpus))]
+    if spec.loader:
+        argv += ["--loader", spec.loader]
+    if spec.trust:
+        argv.append("--trust")
+    return argv
+
+
+class LocalBackend:
+    def __init__(self, state_dir: Path, artifact_path, host: str = "127.0.0.1",
+                 clock=time.monotonic):
+        self.state_dir = Path(state_dir)
+        self.log_dir = self.state_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.artifact_path = artifact_path  # ref -> Path
+        self.host = host
+        self.clock = clock
+        self._zygote: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._spawned: dict[str, asyncio.Future] = {}
+        self._by_pid: dict[int, LocalReplica] = {}
+        self._early_exits: dict[int, int] = {}
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self._zygote = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "deploy.backends.zygote",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=open(self.log_dir / "zygote.log", "ab"),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        hello = json.loads(await asyncio.wait_for(self._zygote.stdout.readline(), 60))
+        assert hello["op"] == "hello", hello
+        self._reader = asyncio.get_running_loop().create_task(self._read_zygote())
+        self._http = httpx.AsyncClient(timeout=2.0)
+
+    async def _read_zygote(self) -> None:
+        assert self._zygote is not None
+        while line := await self._zygote.stdout.readline():
+            message = json.loads(line)
+            if message["op"] == "spawned":
+                future = self._spawned.pop(message["id"], None)
+                if future is not None and not future.done():
+                    future.set_result(message["pid"])
+            elif message["op"] == "exited":
+                replica = self._by_pid.pop(message["pid"], None)
+                if replica is None:
+                    self._early_exits[message["pid"]] = message["code"]
+                else:
+                    replica.exit_code = message["code"]
+                    replica.exited.set()
+        log.error("the zygote exited")
+
+    def _command(self, message: dict) -> None:
+        assert self._zygote is not None and self._zygote.stdin is not None
+        self._zygote.stdin.write((json.dumps(message) + "\n").encode())
+
+    async def create(self, replica_id: str, spec: FunctionSpec, placement: Placement) -> LocalReplica:
+        port = free_port(self.host)
+        replica = LocalReplica(replica_id, self.host, port, self.log_dir / f"{replica_id}.log", self.clock())
+        future = asyncio.get_running_loop().create_future()
+        self._spawned[replica_id] = future
+        artifact = self.artifact_path(spec.artifact)
+        self._command({
+            "op": "spawn", "id": replica_id, "log": str(replica.log_path),
+            "argv": replica_argv(spec, placement, artifact, self.host, port), "env": replica_env(placement),
+        })
+        replica.pid = await asyncio.wait_for(future, 30)
+        self._by_pid[replica.pid] = replica
+        if replica.pid in self._early_exits:
+            replica.exit_code = self._early_exits.pop(replica.pid)
+            replica.exited.set()
+        return replica
+
+    async def wait_ready(self, replica: LocalReplica, timeout_s: float) -> tuple[float, float]:
+        """Poll the replica's readiness every few ms: (seconds to live, seconds to ready)."""
+        url = f"http://{replica.host}:{replica.port}/v2/health/ready"
+        live_s = None
+        deadline = replica.created_at + timeout_s
+        while self.clock() < deadline:
+            if replica.exited.is_set():
+                raise ReplicaStartError(f"exited with status {replica.exit_code}: {self.log_tail(replica)}")
+            try:
+                response = await self._http.get(url)
+            except httpx.TransportError:
+                await asyncio.sleep(0.003)
+                continue
+            now = self.clock() - replica.created_at
+            live_s = now if live_s is None else live_s
+            if response.status_code == 200:
+                return live_s, now
+            await asyncio.sleep(0.003)
+        raise ReplicaStartError(f"not ready within {timeout_s:g} s: {self.log_tail(replica)}")
+
+    async def stop(self, replica: LocalReplica, grace_s: float) -> None:
+        """SIGTERM (the replica finishes in-flight requests), then SIGKILL after grace_s."""
+        if replica.pid is None or replica.exited.is_set():
+            return
+        self._command({"op": "signal", "pid": replica.pid, "signal": int(signal.SIGTERM)})
+        try:
+            await asyncio.wait_for(replica.exited.wait(), grace_s)
+        except asyncio.TimeoutError:
+            self._command({"op": "signal", "pid": replica.pid, "signal": int(signal.SIGKILL)})
+            await asyncio.wait_for(replica.exited.wait(), 10)
+
+    def exited(self, replica: LocalReplica) -> int | None:
+        return replica.exit_code if replica.exited.is_set() else None
+
+    def log_tail(self, replica: LocalReplica, lines: int = 5) -> str:
+        try:
+            text = replica.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-lines:]) or "(empty log)"
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+        if self._zygote is not None and self._zygote.returncode is None:
+            self._zygote.stdin.close()
+            try:
+                await asyncio.wait_for(self._zygote.wait(), 10)
+            except asyncio.TimeoutError:
+                self._zygote.kill()
+        if self._reader is not None:
+            self._reader.cancel()

@@ -1,0 +1,311 @@
+"""`shoal up`: the whole control plane in one process, on the embedded default.
+
+    shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
+             [--auth-inference]
+
+One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
+control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the
+controller loop, the local backend (zygote + replica processes) and the SQLite
+registry in STATE_DIR. The token is made on first start (STATE_DIR/token, mode
+0600). After a restart every registered function is back, scaled to zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from autoscaler.controller import Controller, ControllerConfig
+from autoscaler.metrics import parse_replica_metrics
+from autoscaler.placement import Inventory, parse_devices
+from deploy.api import ApiError, check_token, create_api
+from deploy.backends.local import LocalBackend
+from deploy.inventory import discover_gpus, memory_mib
+from functions.artifacts import ArtifactStore
+from functions.registry import FunctionRecord, NotFound, Registry
+from functions.spec import FunctionSpec
+from serving import __version__
+from serving.gateway import Gateway, GatewayConfig
+from serving.protocol.codec import dumps, error_body
+from serving.protocol.errors import InferenceError
+
+log = logging.getLogger("shoal.up")
+
+
+def ensure_token(state_dir: Path) -> str:
+    """The control API's bearer token: read, or made once with mode 0600."""
+    path = state_dir / "token"
+    if path.exists():
+        os.chmod(path, 0o600)
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+class RegistrySource:
+    """The controller's view of the registry (cached; refreshed on every change)."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self._cache: dict[str, tuple[FunctionSpec, int]] | None = None
+
+    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
+        if self._cache is None:
+            self._cache = {r.spec.name: (r.spec, r.revision) for r in self.registry.list_functions()}
+        return self._cache
+
+    def changed(self) -> None:
+        self._cache = None
+
+
+class HttpScraper:
+    """Reads a replica's /metrics over HTTP, parsed with prometheus_client's parser."""
+
+    def __init__(self):
+        import httpx
+
+        self._client = httpx.AsyncClient(timeout=1.0)
+
+    async def scrape(self, replica: str, host: str, port: int, at: float):
+        response = await self._client.get(f"http://{host}:{port}/metrics")
+        response.raise_for_status()
+        return parse_replica_metrics(response.text, replica, at)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class ControlPlane:
+    def __init__(self, state_dir: Path, devices: str = "auto", auth_inference: bool = False,
+                 gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig()):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        self.token = ensure_token(self.state_dir)
+        self.registry = Registry(self.state_dir / "registry.db")
+        self.store = ArtifactStore(self.state_dir / "artifacts")
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self.source = RegistrySource(self.registry)
+        self.devices = parse_devices(devices, os.cpu_count() or 1, memory_mib(), discover_gpus())
+        self.gateway = Gateway(
+            self.metrics, poke=self._poke, known=lambda n: n in self.source.functions(),
+            config=gateway_config, authorize=self._authorize_inference if auth_inference else None,
+        )
+        self.backend = LocalBackend(self.state_dir, self.store.path)
+        self.scraper = HttpScraper()
+        self.controller = Controller(
+            self.source, self.backend, self.gateway, self.scraper, Inventory(self.devices),
+            self.event, self.metrics, controller_config,
+        )
+        self.api = create_api(self)
+        self._loop_task: asyncio.Task | None = None
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.backend.start()
+        functions = self.source.functions()
+        self.event("up", f"control plane up, {len(functions)} function(s) restored scaled to zero",
+                   data={"functions": sorted(functions), "devices": [d.id for d in self.devices]})
+        self._loop_task = asyncio.get_running_loop().create_task(self.controller.run())
+
+    async def stop(self) -> None:
+        await self.controller.shutdown()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        await self.backend.close()
+        await self.scraper.close()
+        self.event("down", "control plane stopped")
+        self.registry.close()
+
+    def _poke(self, function: str) -> None:
+        self.controller.poke(function)
+
+    def _authorize_inference(self, headers: dict[bytes, bytes]) -> InferenceError | None:
+        denied = check_token(headers.get(b"authorization", b"").decode("latin-1") or None, self.token)
+        if denied is None:
+            return None
+        error = InferenceError(denied.message)
+        error.status = denied.status
+        return error
+
+    # ------------------------------------------------------------------ registry operations
+
+    def event(self, kind: str, message: str, function: str | None = None, data: dict | None = None) -> None:
+        self.registry.add_event(time.time(), kind, message, function, data)
+        log.info("%s %s: %s", kind, function or "-", message)
+
+    async def store_artifact(self, stream, filename: str):
+        """Stream an upload into the store; disk writes happen off the event loop."""
+        loop = asyncio.get_running_loop()
+        writer = self.store.writer(filename)
+        try:
+            async for chunk in stream:
+                await loop.run_in_executor(None, writer.write, chunk)
+            artifact = await loop.run_in_executor(None, writer.commit)
+        finally:
+            writer.abort()
+        self.registry.add_artifact(artifact, time.time())
+        return artifact
+
+    def put_function(self, spec: FunctionSpec) -> FunctionRecord:
+        record = self.registry.put_function(spec, time.time())
+        self.source.changed()
+        self.event("deploy", f"{spec.name} revision {record.revision} ({spec.artifact.rsplit('/', 1)[-1]}, "
+                   f"slice {spec.slice.name}, min {spec.scaling.min_replicas} max {spec.scaling.max_replicas})",
+                   function=spec.name, data={"revision": record.revision})
+        self.controller.poke(spec.name)
+        return record
+
+    def delete_function(self, name: str) -> None:
+        self.registry.delete_function(name)
+        self.source.changed()
+        self.event("delete", f"{name} removed", function=name)
+        self.controller.poke(name)
+
+    # ------------------------------------------------------------------ views
+
+    def function_view(self, record: FunctionRecord) -> dict[str, Any]:
+        return {**record.to_json(), "endpoints": {
+            "v2": f"/v2/models/{record.spec.name}/infer", "v1": f"/v1/models/{record.spec.name}:predict"}}
+
+    def status(self) -> dict[str, Any]:
+        live = self.controller.status()
+        functions = {}
+        for name, (spec, revision) in self.source.functions().items():
+            functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
+                               "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
+                               "cold_starts": _cold_count(self.metrics, name)}
+        return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__}
+
+    def inventory_view(self) -> dict[str, Any]:
+        inv = self.controller.inventory
+        return {"devices": [
+            {"id": d.id, "kind": d.kind, "emulated": d.emulated, "memory_mib": d.memory_mib, "name": d.name,
+             "allocated": inv.allocated_ratio(d.id), "memory_used_mib": inv.used(d.id)[1]}
+            for d in inv.devices
+        ]}
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path.startswith("/api/"):
+            return await self.api(scope, receive, send)
+        if path.startswith(("/v2/models/", "/v1/models/")):
+            return await self.gateway.handle(scope, receive, send)
+        if path == "/metrics":
+            return await _send(send, 200, generate_latest(self.metrics), CONTENT_TYPE_LATEST.encode())
+        if path == "/v2/health/live":
+            return await _send(send, 200, dumps({"live": True}))
+        if path == "/v2/health/ready":
+            return await _send(send, 200, dumps({"ready": True}))
+        if path in ("/v2", "/v2/"):
+            return await _send(send, 200, dumps({"name": "shoal", "version": __version__,
+                                                 "extensions": ["binary_tensor_data"]}))
+        if path == "/v1/models":
+            return await _send(send, 200, dumps({"models": sorted(self.source.functions())}))
+        await _send(send, 404, error_body(f"no route for {path!r}"))
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _cold_count(registry: CollectorRegistry, function: str) -> int:
+    value = registry.get_sample_value("shoal_cold_start_seconds_count", {"function": function, "phase": "queue_wait"})
+    return int(value or 0)
+
+
+async def _send(send, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shoal up", description="Run the control plane: gateway, API, controller, local backend.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--state-dir", default=".shoal", help="registry, artifacts, token and logs (default .shoal)")
+    p.add_argument("--devices", default="auto", help="auto (NVML GPUs, else the CPU), cpu, or emulated:4x80GiB")
+    p.add_argument("--auth-inference", action="store_true", help="require the bearer token on inference endpoints too")
+    p.add_argument("--hold-timeout-s", type=float, default=30.0, help="how long a request may wait for a cold start")
+    p.add_argument("--tick-s", type=float, default=1.0, help="controller tick (default 1 s)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls would flood the log
+    try:
+        plane = ControlPlane(
+            Path(args.state_dir), args.devices, args.auth_inference,
+            GatewayConfig(hold_timeout_s=args.hold_timeout_s), ControllerConfig(tick_s=args.tick_s),
+        )
+    except ValueError as exc:
+        print(f"shoal up: {exc}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth_inference:
+        print(f"shoal up: WARNING: listening on {args.host} with no auth on inference endpoints "
+              "(anyone who reaches this address can call every function); add --auth-inference", file=sys.stderr)
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"shoal up: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    devices = ", ".join(f"{d.id}{' (emulated)' if d.emulated else ''}" for d in plane.devices)
+    print(f"shoal up: endpoint http://{host}:{port}  token {Path(args.state_dir).resolve() / 'token'}  devices {devices}",
+          flush=True)
+    config = uvicorn.Config(plane, http="httptools", ws="none", lifespan="on", log_level="warning",
+                            access_log=False, server_header=False, timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    from serving.replica import event_loop_factory
+
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(server.serve(sockets=[sock]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

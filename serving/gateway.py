@@ -1,0 +1,356 @@
+"""The gateway: the front door for every function, and the activator that holds
+requests while a function scales from zero.
+
+- Routes `/v2/models/{N}/...` and `/v1/models/{N}...` to N's ready replicas,
+  least outstanding requests first, over pooled keep-alive connections.
+- No replica ready: the request waits in N's bounded queue and the controller
+  is poked; the queue drains as replicas become ready. Full queue: 503 with
+  Retry-After. Held past the hold timeout: 504. Every held request ends in a
+  response.
+- Cold starts are measured per phase (queue wait, spawn, load, first
+  inference) into `shoal_cold_start_seconds`, and a request that waited for one
+  carries a `Shoal-Cold-Start` header.
+- A connection that fails before the replica read the request is retried on
+  another replica. A draining replica takes no new requests; its in-flight ones
+  finish before it is stopped.
+
+It knows nothing of the controller: the control plane drives it through
+`add_endpoint` / `drain_endpoint` / `remove_endpoint`, and it asks for capacity
+through the `poke` callback it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from serving.metrics import LATENCY_BUCKETS_S
+from serving.protocol.codec import error_body
+from serving.protocol.errors import (
+    InferenceError,
+    InferenceTimeout,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RouteNotFound,
+    message_of,
+    status_of,
+)
+from serving.upstream import HOP_BY_HOP, UpstreamPool, UpstreamUnavailable
+
+
+class Unavailable(InferenceError):
+    """The function cannot serve right now (its replica failed to start)."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+log = logging.getLogger("shoal.gateway")
+
+COLD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+PHASES = ("queue_wait", "spawn", "load", "first_inference")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    max_held_per_function: int = 256
+    hold_timeout_s: float = 30.0
+    request_timeout_s: float = 60.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_retries: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """How a replica came up, as measured by whoever started it."""
+
+    spawn_s: float
+    load_s: float
+
+
+@dataclass(eq=False)
+class Endpoint:
+    replica: str
+    pool: UpstreamPool
+    cold: ColdStart | None = None
+    outstanding: int = 0
+    draining: bool = False
+    first_done: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class Route:
+    function: str
+    endpoints: list[Endpoint] = field(default_factory=list)
+    waiters: collections.deque = field(default_factory=collections.deque)
+    metadata: dict[str, bytes] = field(default_factory=dict)  # cached GET bodies, by path
+
+    def ready(self) -> list[Endpoint]:
+        return [e for e in self.endpoints if not e.draining]
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        r = registry
+        self.requests = Counter("shoal_gateway_requests", "Requests answered by the gateway",
+                                ["function", "code"], registry=r)
+        self.duration = Histogram("shoal_gateway_request_duration_seconds", "Time through the gateway",
+                                  ["function"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.queue = Gauge("shoal_activator_queue_depth", "Requests held waiting for a replica",
+                           ["function"], registry=r)
+        self.cold = Histogram("shoal_cold_start_seconds", "Cold start time by phase",
+                              ["function", "phase"], buckets=COLD_BUCKETS_S, registry=r)
+        self.retries = Counter("shoal_gateway_retries", "Requests sent again to another replica",
+                               ["function"], registry=r)
+
+
+class Gateway:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        poke: Callable[[str], None],
+        known: Callable[[str], bool],
+        config: GatewayConfig = GatewayConfig(),
+        authorize: Callable[[dict[bytes, bytes]], InferenceError | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.config = config
+        self.metrics = GatewayMetrics(registry)
+        self._poke = poke
+        self._known = known
+        self._authorize = authorize
+        self._clock = clock
+        self.routes: dict[str, Route] = {}
+
+    # ------------------------------------------------------------------ control side
+
+    def route(self, function: str) -> Route:
+        route = self.routes.get(function)
+        if route is None:
+            route = self.routes[function] = Route(function)
+            self.metrics.queue.labels(function).set_function(lambda r=route: len(r.waiters))
+        return route
+
+    def add_endpoint(self, function: str, replica: str, host: str, port: int,
+                     spawn_s: float | None = None, load_s: float | None = None) -> None:
+        """A replica is ready: route to it and wake the requests held for it.
+        spawn_s/load_s: how long it took to start and load, when it was a cold start."""
+        route = self.route(function)
+        cold = ColdStart(spawn_s, load_s) if spawn_s is not None and load_s is not None else None
+        endpoint = Endpoint(replica, UpstreamPool(host, port), cold)
+        endpoint.idle.set()
+        route.endpoints.append(endpoint)
+        if cold is not None:
+            self.metrics.cold.labels(function, "spawn").observe(cold.spawn_s)
+            self.metrics.cold.labels(function, "load").observe(cold.load_s)
+        while route.waiters:  # wake every held request; each picks the least loaded replica
+            waiter = route.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def drain_endpoint(self, function: str, replica: str, timeout_s: float) -> bool:
+        """Stop sending to a replica and wait until its in-flight requests are answered."""
+        endpoint = self._find(function, replica)
+        if endpoint is None:
+            return True
+        endpoint.draining = True
+        try:
+            await asyncio.wait_for(endpoint.idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def remove_endpoint(self, function: str, replica: str) -> None:
+        route = self.routes.get(function)
+        endpoint = self._find(function, replica)
+        if route is not None and endpoint is not None:
+            route.endpoints.remove(endpoint)
+            endpoint.pool.close()
+
+    def forget(self, function: str) -> None:
+        """The function was removed: answer its held requests with 404."""
+        route = self.routes.pop(function, None)
+        if route is None:
+            return
+        for endpoint in route.endpoints:
+            endpoint.pool.close()
+        while route.waiters:
+            waiter = route.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ModelNotFound(function))
+        self.metrics.queue.remove(function)
+
+    def fail_waiters(self, function: str, message: str) -> None:
+        """A replica could not start: answer the held requests now (503) instead of
+        letting them wait out the hold timeout."""
+        route = self.routes.get(function)
+        while route is not None and route.waiters:
+            waiter = route.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(Unavailable(message))
+
+    def held(self, function: str) -> int:
+        route = self.routes.get(function)
+        return len(route.waiters) if route else 0
+
+    def outstanding(self, function: str) -> int:
+        route = self.routes.get(function)
+        return sum(e.outstanding for e in route.endpoints) if route else 0
+
+    def _find(self, function: str, replica: str) -> Endpoint | None:
+        route = self.routes.get(function)
+        return next((e for e in route.endpoints if e.replica == replica), None) if route else None
+
+    # ------------------------------------------------------------------ data side
+
+    async def handle(self, scope: dict, receive, send) -> None:
+        """ASGI entry for inference paths: /v2/models/... and /v1/models/..."""
+        start = self._clock()
+        function = _function_of(scope["path"])
+        try:
+            if function is None:
+                raise RouteNotFound(f"no route for {scope['path']!r}")
+            headers = dict(scope["headers"])
+            if self._authorize is not None and (denied := self._authorize(headers)) is not None:
+                raise denied
+            if not self._known(function):
+                raise ModelNotFound(function)
+            status, out_headers, body = await self._dispatch(scope, receive, function, headers, start)
+        except Exception as exc:
+            status = status_of(exc)
+            if status >= 500 and not isinstance(exc, InferenceError):
+                log.exception("gateway error on %s", scope["path"])
+            out_headers = [(b"content-type", b"application/json")]
+            if getattr(exc, "retry_after_s", None):
+                out_headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
+            body = error_body(message_of(exc))
+        out_headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        await send({"type": "http.response.body", "body": body})
+        label = function if function is not None and self._known(function) else "-"
+        self.metrics.requests.labels(label, str(status)).inc()
+        self.metrics.duration.labels(label).observe(self._clock() - start)
+
+    async def _dispatch(self, scope, receive, function, headers, start):
+        method, path = scope["method"], scope["path"]
+        if scope.get("query_string"):
+            path = f"{path}?{scope['query_string'].decode('latin-1')}"
+        route = self.route(function)
+        if method == "GET" and path in route.metadata:
+            return 200, [(b"content-type", b"application/json")], route.metadata[path]
+        body = await _read_body(receive, self.config.max_body_bytes)
+        forward = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and k != b"authorization"]
+        deadline = start + self.config.hold_timeout_s
+        tried: set[str] = set()
+        waited = 0.0
+        for attempt in range(self.config.max_retries + 1):
+            endpoint, held_s = await self._pick(route, deadline, exclude=tried)
+            waited += held_s
+            sent_at = self._clock()
+            try:
+                response = await self._send(endpoint, method, path, forward, body)
+            except UpstreamUnavailable as exc:
+                tried.add(endpoint.replica)
+                if not exc.retryable or attempt == self.config.max_retries:
+                    raise InferenceError(f"replica failed: {exc}") from None
+                self.metrics.retries.labels(function).inc()
+                continue
+            out = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP]
+            if waited > 0:
+                service_s = self._clock() - sent_at
+                out.append((b"shoal-cold-start", self._observe_cold(function, endpoint, waited, service_s).encode()))
+            if method == "GET" and response.status == 200 and "/versions/" not in path and path.endswith(function):
+                route.metadata[path] = response.body  # model metadata: answerable while scaled to zero
+            return response.status, out, response.body
+        raise AssertionError("unreachable")
+
+    async def _pick(self, route: Route, deadline: float, exclude: set[str]) -> tuple[Endpoint, float]:
+        """The least loaded ready replica, waiting for one (bounded) when there is none."""
+        held_at = None
+        while True:
+            candidates = [e for e in route.ready() if e.replica not in exclude] or route.ready()
+            if candidates:
+                waited = 0.0 if held_at is None else self._clock() - held_at
+                return min(candidates, key=lambda e: (e.outstanding, random.random())), waited
+            if len(route.waiters) >= self.config.max_held_per_function:
+                raise Overloaded(
+                    f"function {route.function!r} has {len(route.waiters)} requests waiting for a replica "
+                    f"(limit {self.config.max_held_per_function}); retry later"
+                )
+            if held_at is None:
+                held_at = self._clock()
+            waiter = asyncio.get_running_loop().create_future()
+            route.waiters.append(waiter)
+            self._poke(route.function)
+            remaining = deadline - self._clock()
+            try:
+                await asyncio.wait_for(waiter, max(0.0, remaining))
+            except asyncio.TimeoutError:
+                raise InferenceTimeout(
+                    f"no replica of {route.function!r} became ready within {self.config.hold_timeout_s:g} s"
+                ) from None
+            finally:
+                if waiter in route.waiters:
+                    route.waiters.remove(waiter)
+
+    async def _send(self, endpoint: Endpoint, method, path, headers, body):
+        endpoint.outstanding += 1
+        endpoint.idle.clear()
+        try:
+            return await endpoint.pool.request(method, path, headers, body, self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise InferenceTimeout(
+                f"replica {endpoint.replica} gave no answer within {self.config.request_timeout_s:g} s"
+            ) from None
+        finally:
+            endpoint.outstanding -= 1
+            if endpoint.outstanding == 0:
+                endpoint.idle.set()
+
+    def _observe_cold(self, function: str, endpoint: Endpoint, waited: float, service_s: float) -> str:
+        """Record the phases of a cold start this request waited for; the header value."""
+        m = self.metrics.cold
+        m.labels(function, "queue_wait").observe(waited)
+        parts = [f"queue_wait={waited:.4f}"]
+        if endpoint.cold is not None:
+            parts += [f"spawn={endpoint.cold.spawn_s:.4f}", f"load={endpoint.cold.load_s:.4f}"]
+        if not endpoint.first_done:
+            endpoint.first_done = True
+            m.labels(function, "first_inference").observe(service_s)
+            parts.append(f"first_inference={service_s:.4f}")
+        return ", ".join(parts)
+
+
+def _function_of(path: str) -> str | None:
+    for prefix in ("/v2/models/", "/v1/models/"):
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            name = rest.split("/", 1)[0].split(":", 1)[0]
+            return name or None
+    return None
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InferenceError("client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

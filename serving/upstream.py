@@ -1,0 +1,152 @@
+"""Pooled HTTP/1.1 keep-alive connections from the gateway to one replica.
+
+The gateway adds at most a fraction of a millisecond per request, so it does
+not go through a general-purpose client: requests to replicas are plain
+HTTP/1.1 with Content-Length (or chunked) responses over connections kept open
+and reused. A request that fails on a reused connection before any byte of the
+response came back was never read by the replica (it closed an idle
+connection), so it is safe to send again: `UpstreamUnavailable.retryable` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+     b"proxy-connection", b"host", b"content-length"}
+)
+
+
+class UpstreamUnavailable(Exception):
+    """The replica could not be reached or dropped the connection.
+    `retryable`: the replica did not read the request, so another may take it."""
+
+    def __init__(self, message: str, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class UpstreamPool:
+    def __init__(self, host: str, port: int, max_idle: int = 256, connect_timeout_s: float = 2.0):
+        self.host = host
+        self.port = port
+        self.max_idle = max_idle
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._host_header = f"{host}:{port}".encode()
+        self.closed = False
+
+    async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                      timeout_s: float) -> UpstreamResponse:
+        """Send one request; a stale pooled connection is replaced transparently once."""
+        for attempt in range(2):
+            reused = bool(self._idle)
+            reader, writer = await self._connection()
+            try:
+                response = await asyncio.wait_for(self._exchange(reader, writer, method, path, headers, body), timeout_s)
+            except _NothingRead as exc:
+                writer.close()
+                if reused and attempt == 0:
+                    continue  # the replica closed an idle connection: try a fresh one
+                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", True) from None
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                writer.close()
+                raise UpstreamUnavailable(f"replica {self.host}:{self.port} failed mid-response: {exc!r}", False) from None
+            except BaseException:
+                writer.close()  # timeout or cancellation: the connection's state is unknown
+                raise
+            self._release(reader, writer, response)
+            return response
+        raise AssertionError("unreachable")
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        try:
+            return await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise UpstreamUnavailable(f"cannot connect to replica {self.host}:{self.port}: {exc!r}", True) from None
+
+    async def _exchange(self, reader, writer, method, path, headers, body) -> UpstreamResponse:
+        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        writer.write(b"".join(head) + body)
+        try:
+            status_line = await reader.readline()
+        except (ConnectionError, OSError) as exc:
+            raise _NothingRead(repr(exc)) from None
+        if not status_line:
+            raise _NothingRead("EOF before the status line")
+        status = int(status_line.split(b" ", 2)[1])
+        response_headers, length, chunked, close = await _read_headers(reader)
+        if chunked:
+            payload = await _read_chunked(reader)
+        else:
+            payload = await reader.readexactly(length) if length else b""
+        return UpstreamResponse(status, response_headers, payload) if not close else _Closing(status, response_headers, payload)
+
+    def _release(self, reader, writer, response: UpstreamResponse) -> None:
+        if isinstance(response, _Closing) or self.closed or len(self._idle) >= self.max_idle:
+            writer.close()
+        else:
+            self._idle.append((reader, writer))
+
+    def close(self) -> None:
+        self.closed = True
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+class _NothingRead(Exception):
+    pass
+
+
+class _Closing(UpstreamResponse):
+    """A response after which the replica closes the connection."""
+
+
+async def _read_headers(reader: asyncio.StreamReader):
+    headers: list[tuple[bytes, bytes]] = []
+    length = 0
+    chunked = close = False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+        elif name == b"connection" and value.lower() == b"close":
+            close = True
+        if name not in HOP_BY_HOP:
+            headers.append((name, value))
+    return headers, length, chunked, close
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts = []
+    while True:
+        size = int((await reader.readline()).split(b";")[0].strip(), 16)
+        if size == 0:
+            await reader.readline()
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readline()

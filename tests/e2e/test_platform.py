@@ -1,0 +1,228 @@
+"""The platform end to end on loopback: `shoal up` as a real process, functions deployed
+through the SDK and the CLI, scale from zero, out under a burst, to zero when idle,
+a restart that keeps every function, tritonclient through the gateway, a notebook
+via nuclio-jupyter, and no orphan replica after kill -9 of the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import tritonclient.http as triton
+
+from functions.examples.digits import digits_data
+from tests.conftest import ROOT, start_plane
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def ready_count(client, name: str) -> int:
+    return client.status()["functions"].get(name, {}).get("ready", 0)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    p = start_plane(tmp_path_factory.mktemp("plane") / "state")
+    yield p
+    assert p.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def digits(plane, digits_onnx):
+    with plane.client() as client:
+        client.deploy(digits_onnx, "digits", idle_to_zero_s=3, target_concurrency=1, max_replicas=3)
+    return "digits"
+
+
+def _body(x: np.ndarray) -> dict:
+    return {"inputs": [{"name": "X", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}]}
+
+
+def test_first_request_from_zero_succeeds_and_reports_cold_start(plane, digits, digits_onnx):
+    import onnxruntime as ort
+
+    x = digits_data()[0][:3]
+    with plane.client() as client:
+        assert ready_count(client, digits) == 0
+        start = time.perf_counter()
+        response = client.invoke(digits, _body(x))
+        elapsed = time.perf_counter() - start
+    assert response.status_code == 200, response.text
+    cold = response.headers["shoal-cold-start"]
+    assert "queue_wait=" in cold and "spawn=" in cold and "load=" in cold and "first_inference=" in cold
+    labels = response.json()["outputs"][0]["data"]
+    expected = ort.InferenceSession(str(digits_onnx)).run(["label"], {"X": x})[0]
+    assert labels == expected.tolist()
+    assert elapsed < 10
+    metrics = httpx.get(f"{plane.url}/metrics").text
+    for phase in ("queue_wait", "spawn", "load", "first_inference"):
+        assert f'shoal_cold_start_seconds_count{{function="digits",phase="{phase}"}} 1.0' in metrics
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_tritonclient_through_the_gateway(plane, digits, binary):
+    x = digits_data()[0][:8]
+    client = triton.InferenceServerClient(plane.hostport)
+    assert client.is_server_ready()
+    tensor = triton.InferInput("X", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    result = client.infer("digits", [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=binary)])
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (8, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    assert client.get_model_metadata("digits")["inputs"][0]["name"] == "X"
+
+
+def test_burst_scales_out_then_idle_scales_to_zero(plane, digits):
+    x = digits_data()[0][:1]
+
+    async def burst(seconds: float) -> dict[int, int]:
+        codes: dict[int, int] = {}
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as http:
+            async def one():
+                r = await http.post(f"{plane.url}/v2/models/digits/infer", json=_body(x))
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await asyncio.gather(*(one() for _ in range(32)))
+        return codes
+
+    codes = asyncio.run(burst(3.0))
+    assert set(codes) == {200}, codes  # nothing failed while it scaled
+    with plane.client() as client:
+        wait_for(lambda: ready_count(client, digits) >= 2, 10, "a second replica")
+        scale_events = [e for e in client.events(digits) if e["kind"] == "scale"]
+        assert any(e["data"]["reason"] == "BURST" and e["data"]["to"] >= 2 for e in scale_events)
+        # idle_to_zero_s = 3: with nothing in flight the function goes back to zero
+        wait_for(lambda: ready_count(client, digits) == 0, 20, "scale to zero")
+        assert any(e["data"]["reason"] == "TO_ZERO" for e in client.events(digits) if e["kind"] == "scale")
+
+
+def test_control_api_needs_the_token(plane):
+    assert httpx.get(f"{plane.url}/api/v1/functions").status_code == 401
+    wrong = httpx.get(f"{plane.url}/api/v1/functions", headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 403 and wrong.json() == {"error": "invalid bearer token"}
+    token_file = plane.state_dir / "token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_unknown_function_is_404_and_bad_name_is_refused(plane):
+    r = httpx.post(f"{plane.url}/v2/models/nope/infer", json={"inputs": []})
+    assert r.status_code == 404 and "model 'nope' not found" in r.json()["error"]
+    with plane.client() as client:
+        r = client.http.put("/api/v1/functions/Bad_Name", json={"artifact": "x"})
+        assert r.status_code == 400 and "is invalid" in r.json()["error"]
+
+
+def test_pickle_without_trust_is_refused_at_deploy(plane, tmp_path):
+    artifact = tmp_path / "model.pkl"
+    artifact.write_bytes(b"\x80\x04K\x01.")  # pickle of the int 1
+    with plane.client() as client:
+        from deploy.client import ShoalError
+
+        with pytest.raises(ShoalError) as err:
+            client.deploy(artifact, "pickled")
+        assert err.value.status == 400 and "refused without --trust" in err.value.message
+
+
+NOTEBOOK_CELLS = [
+    ("code", "# nuclio: ignore\nraise RuntimeError('this cell is for the notebook only')"),
+    ("code", "import numpy as np\n\ndef handler(context, event):\n"
+             "    rows = event.body['instances']\n    return {'predictions': [float(np.sum(r)) for r in rows]}"),
+]
+
+
+def test_notebook_via_nuclio_jupyter_and_export(plane, tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for _, src in NOTEBOOK_CELLS]
+    path = tmp_path / "summer.ipynb"
+    nbformat.write(nb, path)
+    with plane.client() as client:
+        client.deploy(path, "summer", idle_to_zero_s=60)
+        r = client.invoke("summer", {"instances": [[1, 2, 3], [4, 5]]})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"predictions": [6.0, 9.0]}
+        exported = client.export("summer")
+    import base64
+
+    import yaml
+
+    doc = yaml.safe_load(exported)
+    assert doc["kind"] == "NuclioFunction" and doc["metadata"]["name"] == "summer"
+    code = base64.b64decode(doc["spec"]["build"]["functionSourceCode"]).decode()
+    assert "def handler" in code and "notebook only" not in code  # the ignored cell stayed out
+    again = tmp_path / "function.yaml"
+    again.write_text(exported)
+    with plane.client() as client:
+        client.deploy(again, "summer-again")
+        assert client.invoke("summer-again", {"instances": [[2, 2]]}).json() == {"predictions": [4.0]}
+
+
+def test_cli_commands(plane, digits):
+    env_args = ["--url", plane.url, "--state-dir", str(plane.state_dir)]
+
+    def shoal(*args):
+        return subprocess.run([sys.executable, "-m", "deploy.cli", *args, *env_args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=60)
+
+    ls = shoal("ls")
+    assert ls.returncode == 0 and "digits" in ls.stdout and "1/4" in ls.stdout
+    invoke = shoal("invoke", "digits", "--data", json.dumps(_body(np.zeros((1, 64), np.float32))))
+    assert invoke.returncode == 0 and '"label"' in invoke.stdout
+    top = shoal("top", "--once")
+    assert top.returncode == 0 and "digits" in top.stdout and "DUTY" in top.stdout
+    events = shoal("events", "digits")
+    assert events.returncode == 0 and "deploy" in events.stdout
+
+
+def test_restart_keeps_functions(tmp_path, digits_onnx):
+    state = tmp_path / "state"
+    first = start_plane(state)
+    try:
+        with first.client() as client:
+            client.deploy(digits_onnx, "kept")
+            assert client.invoke("kept", _body(np.zeros((1, 64), np.float32))).status_code == 200
+    finally:
+        assert first.stop() == 0
+    second = start_plane(state)
+    try:
+        with second.client() as client:
+            assert [f["name"] for f in client.functions()] == ["kept"]
+            assert ready_count(client, "kept") == 0  # back, scaled to zero
+            r = client.invoke("kept", _body(np.zeros((1, 64), np.float32)))
+            assert r.status_code == 200 and "shoal-cold-start" in r.headers
+    finally:
+        assert second.stop() == 0
+
+
+def test_kill_9_of_the_control_plane_leaves_no_orphans(tmp_path, digits_onnx):
+    p = start_plane(tmp_path / "state")
+    with p.client() as client:
+        client.deploy(digits_onnx, "victim", min_replicas=2)
+        wait_for(lambda: ready_count(client, "victim") == 2, 30, "two replicas")
+    descendants = psutil.Process(p.proc.pid).children(recursive=True)
+    assert len(descendants) >= 3  # the zygote and two replicas
+    p.proc.send_signal(signal.SIGKILL)
+    p.proc.wait(10)
+    gone, alive = psutil.wait_procs(descendants, timeout=10)
+    assert alive == [], f"orphans left: {[a.pid for a in alive]}"
