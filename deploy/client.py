@@ -96,7 +96,7 @@ class Shoal:
 
     def deploy(self, artifact: str | Path, name: str | None = None, *, slice: str = "1/4",
                min_replicas: int | None = None, max_replicas: int | None = None, slo_ms: float = 100.0,
-               batch: int = 8, batch_delay_ms: float = 0.0, trust: bool = False, loader: str | None = None,
+               batch: int = 1, batch_delay_ms: float = 0.0, trust: bool = False, loader: str | None = None,
                idle_to_zero_s: float = 60.0, target_concurrency: float = 4.0, wait: bool = False,
                progress: Progress | None = None) -> dict[str, Any]:
         """Upload and register a function; with wait=True, also start its first replica."""

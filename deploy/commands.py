@@ -47,7 +47,7 @@ def deploy(argv: list[str]) -> int:
     p.add_argument("--min", type=int, dest="min_replicas")
     p.add_argument("--max", type=int, dest="max_replicas")
     p.add_argument("--slo-ms", type=float, default=100.0)
-    p.add_argument("--batch", type=int, default=8, help="max batch size")
+    p.add_argument("--batch", type=int, default=1, help="max batch size (1: no batching; batching is opt-in)")
     p.add_argument("--batch-delay-ms", type=float, default=0.0)
     p.add_argument("--idle-to-zero-s", type=float, default=60.0)
     p.add_argument("--target-concurrency", type=float, default=4.0)

@@ -35,13 +35,15 @@ def validate_name(name: str, what: str = "function name") -> str:
 class BatchingSpec:
     """Dynamic batching, as Triton's dynamic_batcher.
 
-    max_batch_size: rows per batch; 1 disables batching.
+    max_batch_size: rows per batch; 1 (the default) disables batching. As in Triton,
+        batching is opt-in: only the user knows that the first dimension of a
+        model is a batch dimension (a softmax over a free first dimension is not).
     max_queue_delay_ms: how long the oldest request may wait for a fuller batch.
     preferred_batch_sizes: sizes that run as soon as they are reached.
     max_queue_requests: requests waiting in the replica before it answers 503.
     """
 
-    max_batch_size: int = 8
+    max_batch_size: int = 1
     max_queue_delay_ms: float = 0.0
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_requests: int = 1024

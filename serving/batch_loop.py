@@ -28,6 +28,7 @@ class Pending:
     signature: Hashable
     enqueued_at: float
     future: asyncio.Future = field(repr=False)
+    taken: bool = False  # popped into a batch
 
 
 Execute = Callable[[list[Pending]], Awaitable[None]]
@@ -58,21 +59,37 @@ class BatchLoop:
                 pass
             self._task = None
 
-    def submit(self, payload: Any, rows: int, signature: Hashable) -> asyncio.Future:
-        """Queue a request; its future resolves with the executor's result for its rows."""
+    def set_spec(self, spec: BatchingSpec) -> None:
+        self.spec = spec
+
+    def admit(self) -> None:
+        """Refuse at once when the queue is full (before a body is even read)."""
         if len(self._queue) >= self.spec.max_queue_requests:
             raise Overloaded(
                 f"replica queue is full ({self.spec.max_queue_requests} requests waiting); retry later"
             )
+
+    def submit(self, payload: Any, rows: int, signature: Hashable) -> asyncio.Future:
+        """Queue a request; its future resolves with the executor's result for its rows.
+        A caller that gives up (timeout, cancellation) leaves the queue at once."""
+        self.admit()
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(Pending(payload, rows, signature, self._clock(), future))
+        pending = Pending(payload, rows, signature, self._clock(), future)
+        future.add_done_callback(lambda _f, p=pending: self._drop(p))
+        self._queue.append(pending)
         self._arrived.set()
         return future
 
+    def _drop(self, pending: Pending) -> None:
+        if not pending.taken:
+            try:
+                self._queue.remove(pending)
+            except ValueError:
+                pass
+
     def _head_run(self) -> list[Pending]:
-        """The compatible requests at the head, dropping those whose caller gave up."""
-        while self._queue and self._queue[0].future.done():
-            self._queue.popleft()
+        """The compatible requests at the head of the queue (callers that gave up have
+        already left it)."""
         if not self._queue:
             return []
         head = self._queue[0].signature
@@ -81,8 +98,7 @@ class BatchLoop:
         for pending in self._queue:
             if pending.signature != head or len(run) >= limit:
                 break
-            if not pending.future.done():
-                run.append(pending)
+            run.append(pending)
         return run
 
     async def _run(self) -> None:
@@ -101,8 +117,8 @@ class BatchLoop:
                 await self._sleep_until(plan.wake_at, now)
                 continue
             batch = run[: plan.take]
-            for p in batch:  # near the head, so each remove is short
-                self._queue.remove(p)
+            for _ in batch:  # the batch is the head of the queue
+                self._queue.popleft().taken = True
             try:
                 await self._execute(batch)
             except Exception as exc:  # the executor resolves futures itself; this is a safety net

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -62,13 +63,10 @@ class DataPlane:
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self) -> None:
-        start = time.perf_counter()
+        start = self._clock()
         await self.executor.run_untimed(self.model.load)
-        if not self.model.batchable and self._batching.max_batch_size > 1:
-            self._loop.spec = BatchingSpec(
-                max_batch_size=1, max_queue_requests=self._batching.max_queue_requests
-            )
-        self.metrics.model_load.set(time.perf_counter() - start)
+        self._loop.set_spec(effective_batching(self._batching, self.model))
+        self.metrics.model_load.set(self._clock() - start)
         self._loop.start()
         self.ready = True
         self.metrics.ready.set(1)
@@ -107,6 +105,10 @@ class DataPlane:
 
     # ------------------------------------------------------------------ V2
 
+    def admit(self) -> None:
+        """Answer 503 at once when the replica's queue is full, before reading a body."""
+        self._loop.admit()
+
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         model = self.check_model(name, version)
         signature, rows = validate_request(request, model)
@@ -130,30 +132,32 @@ class DataPlane:
         start = self._clock()
         for p in batch:
             self.metrics.queue_duration.observe(start - p.enqueued_at)
-        rows = sum(p.rows for p in batch)
-        self.metrics.batch_size.observe(rows)
-        inputs = merge_inputs([p.payload for p in batch])
-        try:
-            outputs = await self.executor.run(self.model.predict, inputs)
-        except Exception as exc:
-            if len(batch) > 1:
-                # One bad request must not fail its batch mates: run each alone.
-                for p in batch:
-                    await self._execute([p])
-                return
-            _resolve_error(batch[0].future, exc, self.model.name)
-            return
+        self.metrics.batch_size.observe(sum(p.rows for p in batch))
+        if isinstance(batch[0].payload, NativeV1Call):
+            call = batch[0].payload
+            return await self._run_one(batch[0], self.model.predict_v1, call.body, call.headers)
         if len(batch) == 1:
-            _resolve(batch[0].future, outputs)
-            return
+            return await self._run_one(batch[0], self.model.predict, merge_inputs([batch[0].payload]))
         try:
+            outputs = await self.executor.run(self.model.predict, merge_inputs([p.payload for p in batch]))
             parts = split_outputs(outputs, [p.rows for p in batch])
-        except ModelError as exc:
+        except Exception as exc:
+            # One bad request, or outputs that do not split by rows, must not fail the
+            # batch mates: run each alone.
+            log.info("batch of %d failed (%s); running each request alone", len(batch), exc)
             for p in batch:
-                _resolve_error(p.future, exc, self.model.name)
+                await self._run_one(p, self.model.predict, merge_inputs([p.payload]))
             return
         for p, part in zip(batch, parts):
             _resolve(p.future, part)
+
+    async def _run_one(self, pending: Pending, fn, *args) -> None:
+        try:
+            result = await self.executor.run(fn, *args)
+        except Exception as exc:
+            _resolve_error(pending.future, exc, self.model.name)
+        else:
+            _resolve(pending.future, result)
 
     # ------------------------------------------------------------------ V1
 
@@ -162,25 +166,30 @@ class DataPlane:
         if not isinstance(body, dict):
             raise InvalidInput(f"V1 request must be a JSON object with 'instances', got {type(body).__name__}")
         if model.has_native_v1:
-            try:
-                result = await asyncio.wait_for(self._run_native_v1(model, body, headers), self.request_timeout_s)
-            except asyncio.TimeoutError:
-                raise InferenceTimeout(f"no result within the request timeout ({self.request_timeout_s:g} s)") from None
+            # through the same queue as V2: one limit, one timeout, one set of metrics
+            call = NativeV1Call(body, headers)
+            result = await self._await_result(self._loop.submit(call, 1, ("native-v1", id(call))))
             return result if isinstance(result, (dict, RawBody)) else {"predictions": result}
         request = v1_to_request(body, model)
         response = await self.infer(name, None, request)
         return {"predictions": v1_predictions(response.outputs, model)}
 
-    async def _run_native_v1(self, model: Model, body: dict, headers: dict[str, str]) -> Any:
-        try:
-            return await self.executor.run(model.predict_v1, body, headers)
-        except InferenceError:
-            raise
-        except Exception as exc:
-            raise ModelError(f"model {model.name!r} raised {type(exc).__name__}: {exc}") from exc
-
-
 # ---------------------------------------------------------------------- pure helpers
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NativeV1Call:
+    """A V1 body for a model that answers V1 itself (a Nuclio handler, a KServe model)."""
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def effective_batching(spec: BatchingSpec, model: Model) -> BatchingSpec:
+    """Batching as configured, except off for a model whose tensors have no batch dimension."""
+    if model.batchable or spec.max_batch_size == 1:
+        return spec
+    return BatchingSpec(max_batch_size=1, max_queue_requests=spec.max_queue_requests)
 
 
 def validate_request(request: InferRequest, model: Model) -> tuple[tuple, int]:

@@ -103,39 +103,48 @@ def apply_binding(binding: SliceBinding) -> None:
 
 
 class SliceExecutor:
-    """Runs callables one at a time on the slice's thread; counts their busy time."""
+    """Runs callables one at a time on the slice's thread; counts their busy time.
 
-    def __init__(self, binding: SliceBinding, on_busy: Callable[[float], None] | None = None):
+    `busy_seconds()` includes the call running now, so a scrape in the middle of a
+    long batch sees the slice busy instead of idle-then-a-burst."""
+
+    def __init__(self, binding: SliceBinding):
         self.binding = binding
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"slice-{binding.device}")
-        self._on_busy = on_busy
         self._lock = threading.Lock()
-        self.busy_seconds = 0.0
-        self.running = 0
+        self._busy_done = 0.0
+        self._started: float | None = None  # perf_counter() of the timed call running now
+        self.running = False
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the slice's thread; its time counts as busy."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._timed, fn, args)
+        return await loop.run_in_executor(self._pool, self._call, fn, args, True)
 
     async def run_untimed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run on the slice's thread without counting busy time (model load: the
         duty cycle measures serving, and a load would read as a burst of it)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, fn, *args)
+        return await loop.run_in_executor(self._pool, self._call, fn, args, False)
 
-    def _timed(self, fn: Callable[..., Any], args: tuple) -> Any:
+    def _call(self, fn: Callable[..., Any], args: tuple, timed: bool) -> Any:
         start = time.perf_counter()
-        self.running = 1
+        with self._lock:
+            self.running = True
+            self._started = start if timed else None
         try:
             return fn(*args)
         finally:
-            self.running = 0
-            elapsed = time.perf_counter() - start
             with self._lock:
-                self.busy_seconds += elapsed
-            if self._on_busy is not None:
-                self._on_busy(elapsed)
+                if timed:
+                    self._busy_done += time.perf_counter() - start
+                self.running = False
+                self._started = None
+
+    def busy_seconds(self) -> float:
+        with self._lock:
+            running = time.perf_counter() - self._started if self._started is not None else 0.0
+            return self._busy_done + running
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)

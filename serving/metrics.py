@@ -7,6 +7,7 @@ slice's duty cycle.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -41,10 +42,8 @@ class ReplicaMetrics:
         self.queued = Gauge(
             "shoal_replica_queued", "Requests waiting for a batch", ["function"], registry=r,
         ).labels(function)
-        self.busy = Counter(
-            "shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; rate = duty cycle",
-            ["function"], registry=r,
-        ).labels(function)
+        self._busy_source = lambda: 0.0
+        r.register(_BusyCollector(function, lambda: self._busy_source()))
         self.model_load = Gauge(
             "shoal_replica_model_load_seconds", "Seconds the model took to load", ["function"], registry=r,
         ).labels(function)
@@ -58,8 +57,31 @@ class ReplicaMetrics:
         info.labels(function, *labels.values()).set(1)
         self._codes: dict[int, Counter] = {}
 
+    def track_busy(self, source) -> None:
+        """Export `source()` (the executor's busy seconds) as shoal_replica_busy_seconds_total."""
+        self._busy_source = source
+
     def count(self, code: int) -> None:
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = self.requests.labels(self.function, str(code))
         child.inc()
+
+
+class _BusyCollector:
+    """shoal_replica_busy_seconds_total, read from the executor at scrape time."""
+
+    def __init__(self, function: str, source):
+        self.function = function
+        self.source = source
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; rate = duty cycle",
+            labels=["function"],
+        )
+        family.add_metric([self.function], self.source())
+        yield family
+
+    def describe(self):
+        return list(self.collect())

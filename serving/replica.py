@@ -112,7 +112,7 @@ class ReplicaApp:
         if route is None:
             raise RouteNotFound(f"no route for {path!r}")
         if method not in ("GET", "HEAD"):
-            raise MethodNotAllowed(f"{method} is not allowed on {path}; use GET")
+            raise MethodNotAllowed(f"{method} is not allowed on {path}; use GET", allow="GET, HEAD")
         kind, name, version = route
         dp = self.dataplane
         if kind == "live":
@@ -151,7 +151,9 @@ class ReplicaApp:
 
     async def _infer_body(self, scope: dict, receive: Receive, name: str, version: str | None):
         if scope["method"] != "POST":
-            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST")
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST", allow="POST")
+        self.dataplane.check_model(name, version)
+        self.dataplane.admit()
         headers = _headers(scope)
         body = await self._read_body(receive, headers)
         header_length = parse_header_length(headers.get("inference-header-content-length"), len(body))
@@ -169,7 +171,9 @@ class ReplicaApp:
 
     async def _predict_v1_body(self, scope: dict, receive: Receive, name: str):
         if scope["method"] != "POST":
-            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST")
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; use POST", allow="POST")
+        self.dataplane.check_model(name)
+        self.dataplane.admit()
         headers = _headers(scope)
         body = parse_json(await self._read_body(receive, headers))
         result = await self.dataplane.predict_v1(name, body, headers)
@@ -233,7 +237,7 @@ def _route_get(path: str) -> tuple[str, str | None, str | None] | None:
         return fixed[path], None, None
     if path.startswith("/v1/models/"):
         name = path[len("/v1/models/"):]
-        return ("v1_model", name, None) if name and "/" not in name else None
+        return ("v1_model", name, None) if name and "/" not in name and ":" not in name else None
     if not path.startswith("/v2/models/"):
         return None
     parts = path[len("/v2/models/"):].split("/")
@@ -282,6 +286,8 @@ async def _send_error(send: Send, exc: BaseException) -> None:
     retry = getattr(exc, "retry_after_s", None)
     if retry:
         extra = ((b"retry-after", str(max(1, round(retry))).encode()),)
+    if isinstance(exc, MethodNotAllowed):
+        extra = ((b"allow", exc.allow.encode()),)
     await _send(send, status_of(exc), error_body(message_of(exc)), JSON, extra)
 
 
@@ -330,12 +336,19 @@ def main(argv: list[str] | None = None) -> int:
             max_queue_requests=args.max_queue,
         )
         device = default_device() if args.device == "auto" else args.device
-        binding = bind_slice(slice_request, device, parse_cpus(args.cpus), os.cpu_count() or 1)
+        binding = bind_slice(slice_request, device, parse_cpus(args.cpus), usable_cpus())
     except (SpecError, ValueError) as exc:
         print(f"shoal replica: {exc}", file=sys.stderr)
         return 2
     apply_binding(binding)  # before any framework starts threads
     return _serve(args, name, binding, batching)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask), not all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _name_from(artifact: str) -> str:
@@ -358,7 +371,8 @@ def _serve(args, name: str, binding, batching: BatchingSpec) -> int:
         print(f"shoal replica: {exc}", file=sys.stderr)
         return 2
     metrics = ReplicaMetrics(name, binding.labels())
-    executor = SliceExecutor(binding, on_busy=metrics.busy.inc)
+    executor = SliceExecutor(binding)
+    metrics.track_busy(executor.busy_seconds)
     dataplane = DataPlane(model, executor, metrics, batching, request_timeout_s=args.request_timeout_s)
     app = ReplicaApp(dataplane, metrics, binding.labels(), int(args.max_body_mib * 2**20))
     try:
@@ -414,6 +428,12 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_l
         signal.signal(sig, lambda *_: None)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
+    if executor.running:
+        # A model call is stuck (a hung model, a load still going): the thread cannot be
+        # interrupted, and interpreter exit would join it forever. Leave without it.
+        print("shoal replica: a model call is still running; exiting without it", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(exit_code)
     executor.shutdown()
     return exit_code
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,10 @@ class Replica:
     proc: subprocess.Popen
     url: str
     banner: str
+    stderr_path: Path
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
 
     @property
     def hostport(self) -> str:
@@ -47,22 +53,26 @@ class Replica:
 
 def start_replica(artifact: Path | str, *args: str, ready_timeout: float = 60.0, wait_ready: bool = True) -> Replica:
     """Start `python -m serving.replica` on a free loopback port; wait until ready."""
+    # stderr goes to a file, not a pipe nobody drains (a full pipe would block the replica)
+    stderr_path = Path(tempfile.mkstemp(prefix="replica-", suffix=".err")[1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "serving.replica", str(artifact), "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=open(stderr_path, "w"), text=True, cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    banner = proc.stdout.readline()
+    banner = _readline(proc, 60)
     if "listening on" not in banner:
+        proc.kill()
         proc.wait(30)
-        raise RuntimeError(f"replica did not start (rc={proc.returncode}): {banner}{proc.stderr.read()}")
+        raise RuntimeError(f"replica did not start (rc={proc.returncode}): {banner}{stderr_path.read_text()}")
     url = banner.split("listening on ", 1)[1].split()[0]
-    replica = Replica(proc, url, banner)
+    assert url.startswith("http://127.0.0.1:"), f"a replica must bind loopback by default: {banner}"
+    replica = Replica(proc, url, banner, stderr_path)
     if wait_ready:
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"replica exited rc={proc.returncode}: {proc.stderr.read()}")
+                raise RuntimeError(f"replica exited rc={proc.returncode}: {stderr_path.read_text()}")
             try:
                 if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
                     return replica
@@ -72,6 +82,12 @@ def start_replica(artifact: Path | str, *args: str, ready_timeout: float = 60.0,
         replica.stop(signal.SIGKILL)
         raise RuntimeError("replica did not become ready in time")
     return replica
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    """The first stdout line, or "" if none comes within `timeout` seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""
 
 
 @pytest.fixture
@@ -117,16 +133,18 @@ class Plane:
 
 
 def start_plane(state_dir: Path, *args: str) -> Plane:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stderr_path = state_dir.parent / f"{state_dir.name}-up.err"
     proc = subprocess.Popen(
         [sys.executable, "-m", "deploy.cli", "up", "--port", "0", "--state-dir", str(state_dir), "--tick-s", "0.2",
          "--log-level", "warning", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=open(stderr_path, "a"), text=True, cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    banner = proc.stdout.readline()
+    banner = _readline(proc, 60)
     if "endpoint" not in banner:
         proc.kill()
-        raise RuntimeError(f"shoal up did not start: {banner}{proc.stderr.read()}")
+        raise RuntimeError(f"shoal up did not start: {banner}{stderr_path.read_text()}")
     url = banner.split("endpoint ", 1)[1].split()[0]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

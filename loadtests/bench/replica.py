@@ -59,6 +59,7 @@ def _free_port() -> int:
 
 def server_command(kind: str, model: Path, port: int) -> list[str]:
     if kind == "shoal":
+        # batching is opt-in; this is the configuration measured (KServe's server has no batching)
         return [sys.executable, "-m", "serving.replica", str(model), "--name", "digits", "--port", str(port),
                 "--max-batch-size", "32", "--log-level", "error"]
     return [sys.executable, "-m", "loadtests.peers.kserve_onnx", str(model), "--name", "digits",

@@ -18,7 +18,7 @@ import numpy as np
 from serving.models.base import LoadError, LoadOptions, Model
 from serving.models.usercode import load_module
 from serving.protocol.datatypes import numpy_dtype, v2_datatype
-from serving.protocol.errors import InvalidInput, ModelError
+from serving.protocol.errors import ModelError
 
 
 class KServeModel(Model):
@@ -91,4 +91,4 @@ def _json_output(out: dict[str, Any]) -> np.ndarray:
         dtype = numpy_dtype(out["datatype"])
         return np.asarray(out["data"], dtype=dtype).reshape(out["shape"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidInput(f"model output {out.get('name')!r} is malformed: {exc}") from None
+        raise ModelError(f"model output {out.get('name')!r} is malformed: {exc}") from None

@@ -22,6 +22,7 @@ import yaml
 
 from serving.models.base import LoadError, Model, parse_tensor_specs
 from serving.protocol.datatypes import numpy_dtype
+from serving.protocol.errors import InvalidInput
 from serving.protocol.types import TensorSpec
 
 
@@ -82,6 +83,10 @@ class ProfileModel(Model):
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         first = next(iter(inputs.values()), None)
         rows = int(first.shape[0]) if first is not None and first.ndim else 1
+        largest = self.points[-1][0]
+        if len(self.points) > 1 and rows > largest:
+            # beyond the profile is a guess; a huge empty batch would sleep for days
+            raise InvalidInput(f"{rows} rows: the profile covers batches of at most {largest} rows")
         time.sleep(self.service_time_s(rows))
         return {o.name: _zeros(o, rows) for o in self.outputs}
 

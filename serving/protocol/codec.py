@@ -113,8 +113,11 @@ def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
     for raw in value:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"each requested output needs a string 'name', got {raw!r}")
+        if any(o.name == raw["name"] for o in outs):
+            raise InvalidInput(f"output {raw['name']!r} is requested twice")
         params = _parameters(raw.get("parameters"), f"output {raw['name']!r}")
-        outs.append(RequestedOutput(raw["name"], bool(params.get("binary_data", False))))
+        binary = params.get("binary_data")
+        outs.append(RequestedOutput(raw["name"], None if binary is None else bool(binary)))
     return outs
 
 
@@ -150,11 +153,19 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
     return Tensor(name, datatype, shape, data, params or None), 0
 
 
+MAX_DIM = 2**31 - 1
+MAX_RANK = 32
+
+
 def _shape(value: Any, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     ):
         raise InvalidInput(f"input {name!r}: shape {value!r} must be a list of non-negative integers")
+    if len(value) > MAX_RANK or any(d > MAX_DIM for d in value):
+        raise InvalidInput(
+            f"input {name!r}: shape {value!r} is out of range (at most {MAX_RANK} dimensions of at most {MAX_DIM})"
+        )
     return tuple(value)
 
 
@@ -164,7 +175,7 @@ def decode_json_data(data: Any, datatype: str, dtype: np.dtype, shape: tuple[int
         raise InvalidInput(f"input {name!r}: 'data' must be a list, got {type(data).__name__}")
     count = math.prod(shape)
     if datatype == "BYTES":
-        arr = _decode_json_bytes(data, name)
+        arr = _decode_json_bytes(data, name, shape)
     else:
         try:
             raw = np.asarray(data)
@@ -227,22 +238,30 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _decode_json_bytes(data: list, name: str) -> np.ndarray:
+def _decode_json_bytes(data: list, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Strings, flat or nested no deeper than the shape, to an object array of bytes."""
     flat: list[bytes] = []
-
-    def walk(node: Any) -> None:
-        for item in node:
-            if isinstance(item, list):
-                walk(item)
-            elif isinstance(item, str):
-                flat.append(item.encode("utf-8"))
-            else:
-                raise InvalidInput(f"input {name!r}: BYTES data must be strings, got {item!r}")
-
-    walk(data)
+    stack = [(iter(data), 1)]
+    depth_limit = max(1, len(shape))
+    while stack:
+        items, depth = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if depth >= depth_limit:
+                raise InvalidInput(f"input {name!r}: BYTES data is nested deeper than its shape {list(shape)}")
+            stack.append((iter(item), depth + 1))
+        elif isinstance(item, str):
+            flat.append(item.encode("utf-8"))
+        else:
+            raise InvalidInput(f"input {name!r}: BYTES data must be strings, got {item!r}")
     arr = np.empty(len(flat), dtype=np.object_)
     arr[:] = flat
     return arr
+
+
+_END = object()
 
 
 def decode_binary(chunk: memoryview, datatype: str, dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
@@ -259,6 +278,11 @@ def decode_binary(chunk: memoryview, datatype: str, dtype: np.dtype, shape: tupl
 
 
 def decode_bytes_elements(chunk: memoryview, count: int, name: str) -> np.ndarray:
+    if count * 4 > len(chunk):  # every element has a 4-byte length: check before allocating
+        raise InvalidInput(
+            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes, "
+            f"binary_data_size is {len(chunk)}"
+        )
     out = np.empty(count, dtype=np.object_)
     pos = 0
     for i in range(count):
@@ -339,10 +363,13 @@ def encode_infer_response(resp: InferResponse, binary_names: frozenset[str] = fr
 
 
 def binary_output_names(request: InferRequest, produced: list[str]) -> frozenset[str]:
-    """Which outputs the client asked to receive as binary."""
-    if request.outputs is not None:
-        return frozenset(o.name for o in request.outputs if o.binary)
-    return frozenset(produced) if request.binary_output else frozenset()
+    """Which outputs go in the binary extension: an output's own `binary_data` when it
+    says, else the request's `binary_data_output` (Triton's and KServe's rule)."""
+    if request.outputs is None:
+        return frozenset(produced) if request.binary_output else frozenset()
+    return frozenset(
+        o.name for o in request.outputs if (o.binary if o.binary is not None else request.binary_output)
+    )
 
 
 def dumps(doc: Any) -> bytes:

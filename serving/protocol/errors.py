@@ -36,6 +36,10 @@ class RouteNotFound(InferenceError):
 class MethodNotAllowed(InferenceError):
     status = 405
 
+    def __init__(self, message: str, allow: str = "GET"):
+        super().__init__(message)
+        self.allow = allow
+
 
 class PayloadTooLarge(InferenceError):
     status = 413

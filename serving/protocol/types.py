@@ -35,7 +35,7 @@ class TensorSpec:
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
     name: str
-    binary: bool = False
+    binary: bool | None = None  # None: follow the request's binary_data_output
 
 
 @dataclass(slots=True)

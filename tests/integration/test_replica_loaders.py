@@ -127,7 +127,7 @@ def test_pickle_refused_before_it_is_opened(tmp_path, replica_factory):
     artifact.write_bytes(pickle.dumps(_Touch(str(marker))))
     replica = replica_factory(artifact, "--name", "evil", wait_ready=False)
     assert replica.proc.wait(30) == 3
-    assert "refused without --trust" in replica.proc.stderr.read()
+    assert "refused without --trust" in replica.stderr_text()
     assert not marker.exists()
 
 
@@ -205,7 +205,7 @@ def test_load_failure_exits_with_reason(tmp_path, replica_factory):
     fake.write_bytes(b"this is not onnx")
     replica = replica_factory(fake, "--name", "fake", wait_ready=False)
     assert replica.proc.wait(30) == 3
-    assert "is not a loadable ONNX model" in replica.proc.stderr.read()
+    assert "is not a loadable ONNX model" in replica.stderr_text()
 
 
 def test_torchscript(tmp_path, replica_factory):

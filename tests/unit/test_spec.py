@@ -70,9 +70,9 @@ def test_invalid_names(name):
 
 def test_function_spec_defaults():
     spec = FunctionSpec(name="digits", artifact="sha256:abc")
-    assert spec.slice.name == "1/4" and spec.scaling.min_replicas == 0 and spec.batching.max_batch_size == 8
+    assert spec.slice.name == "1/4" and spec.scaling.min_replicas == 0 and spec.batching.max_batch_size == 1
     defaults = spec_defaults()
     assert defaults["BatchingSpec"] == {
-        "max_batch_size": 8, "max_queue_delay_ms": 0.0, "preferred_batch_sizes": (), "max_queue_requests": 1024,
+        "max_batch_size": 1, "max_queue_delay_ms": 0.0, "preferred_batch_sizes": (), "max_queue_requests": 1024,
     }
     assert defaults["ScalingSpec"]["idle_to_zero_s"] == 60.0

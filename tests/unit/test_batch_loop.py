@@ -1,0 +1,129 @@
+"""The asyncio batch loop and the DataPlane's batch execution, with fake models (no servers)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from functions.spec import BatchingSpec, SliceRequest
+from serving.batch_loop import BatchLoop
+from serving.dataplane import DataPlane
+from serving.executor import SliceExecutor, bind_slice
+from serving.metrics import ReplicaMetrics
+from serving.models.base import LoadOptions, Model
+from serving.protocol.errors import InvalidInput, Overloaded
+from serving.protocol.types import InferRequest, Tensor, TensorSpec
+
+
+def test_caller_that_gives_up_leaves_the_queue():
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def execute(batch):
+            await gate.wait()
+            for p in batch:
+                p.future.set_result("done")
+
+        loop = BatchLoop(BatchingSpec(max_batch_size=1, max_queue_requests=3), execute)
+        loop.start()
+        first = loop.submit("a", 1, "s")
+        await asyncio.sleep(0)  # the loop takes "a" and blocks in execute
+        waiting = [loop.submit(x, 1, "s") for x in "bcd"]
+        assert len(loop) == 3
+        with pytest.raises(Overloaded):
+            loop.submit("e", 1, "s")  # 3 waiting = max_queue_requests
+        waiting[1].cancel()  # "c" times out or its client goes away
+        await asyncio.sleep(0)  # done callbacks run on the next turn of the event loop
+        assert len(loop) == 2
+        loop.submit("e", 1, "s")  # room again
+        gate.set()
+        assert await first == "done" and await waiting[0] == "done" and await waiting[2] == "done"
+        await loop.stop()
+
+    asyncio.run(scenario())
+
+
+def test_incompatible_requests_are_not_batched_together():
+    async def scenario():
+        batches = []
+
+        async def execute(batch):
+            batches.append([p.payload for p in batch])
+            for p in batch:
+                p.future.set_result(None)
+
+        loop = BatchLoop(BatchingSpec(max_batch_size=8, max_queue_delay_ms=50), execute)
+        futures = [loop.submit(x, 1, sig) for x, sig in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("a3", "A")]]
+        loop.start()
+        await asyncio.gather(*futures)
+        await loop.stop()
+        return batches
+
+    # a1+a2 share a signature; b1 breaks the run, so a3 waits for the next batch;
+    # a backlog behind the head means no waiting for the 50 ms delay
+    assert asyncio.run(scenario()) == [["a1", "a2"], ["b1"], ["a3"]]
+
+
+class EchoModel(Model):
+    """Doubles its input; fails on a NaN row; optionally adds an output with no batch rows."""
+
+    def __init__(self, scalar_output: bool = False):
+        super().__init__("echo", "/dev/null", LoadOptions())
+        self.inputs = (TensorSpec("x", "FP32", (-1, 2)),)
+        self.outputs = (TensorSpec("y", "FP32", (-1, 2)),)
+        self.batchable = True
+        self.scalar_output = scalar_output
+        self.calls: list[int] = []
+
+    def load(self):
+        pass
+
+    def predict(self, inputs):
+        x = inputs["x"]
+        self.calls.append(len(x))
+        if np.isnan(x).any():
+            raise InvalidInput("NaN in x")
+        out = {"y": x * 2}
+        if self.scalar_output:
+            out["total"] = np.float32(x.sum())
+        return out
+
+
+def _request(value: float) -> InferRequest:
+    x = np.full((1, 2), value, dtype=np.float32)
+    return InferRequest(inputs=[Tensor("x", "FP32", (1, 2), x)])
+
+
+def _dataplane(model: Model) -> DataPlane:
+    binding = bind_slice(SliceRequest(), "cpu", None, 1)
+    metrics = ReplicaMetrics("echo", binding.labels())
+    spec = BatchingSpec(max_batch_size=8, max_queue_delay_ms=20)
+    return DataPlane(model, SliceExecutor(binding), metrics, spec)
+
+
+async def _run_concurrently(dp: DataPlane, values: list[float]):
+    await dp.load()
+    results = await asyncio.gather(*(dp.infer("echo", None, _request(v)) for v in values), return_exceptions=True)
+    await dp.stop()
+    return results
+
+
+def test_one_bad_request_does_not_fail_its_batch_mates():
+    model = EchoModel()
+    results = asyncio.run(_run_concurrently(_dataplane(model), [1.0, float("nan"), 3.0]))
+    assert isinstance(results[1], InvalidInput)
+    assert results[0].outputs[0].data.tolist() == [[2.0, 2.0]]
+    assert results[2].outputs[0].data.tolist() == [[6.0, 6.0]]
+    # one batch of 3 failed, then each request ran alone
+    assert model.calls == [3, 1, 1, 1]
+
+
+def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
+    model = EchoModel(scalar_output=True)
+    results = asyncio.run(_run_concurrently(_dataplane(model), [1.0, 2.0]))
+    assert [r.outputs[0].data.tolist() for r in results] == [[[2.0, 2.0]], [[4.0, 4.0]]]
+    # the batch's scalar 'total' (1+1+2+2 = 6) could not be cut per request; alone each is right
+    assert [float(r.outputs[1].data) for r in results] == [2.0, 4.0]
+    assert model.calls == [2, 1, 1]
