@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench ray-venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ demo: venv
 
 bench: venv
 	$(PY) -m loadtests.bench.replica
+	$(PY) -m loadtests.bench.gateway
+
+# Ray Serve, a peer for loadtests/bench/gateway.py, in a venv of its own
+# (ray[serve] 2.60 wants protobuf 7, which kserve cannot take).
+ray-venv: .venv-ray/.installed
+.venv-ray/.installed:
+	$(PYTHON) -m venv .venv-ray
+	.venv-ray/bin/python -m pip install -q "ray[serve]" onnxruntime
+	touch $@
 
 clean:
-	rm -rf $(VENV) .shoal .pytest_cache
+	rm -rf $(VENV) .venv-ray .shoal .pytest_cache

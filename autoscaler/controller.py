@@ -49,7 +49,7 @@ class ReplicaBackend(Protocol):
 
 class Router(Protocol):
     def add_endpoint(self, function: str, replica: str, host: str, port: int,
-                     spawn_s: float | None = None, load_s: float | None = None) -> None: ...
+                     spawn_s: float | None = None, load_s: float | None = None, uds: str | None = None) -> None: ...
     async def drain_endpoint(self, function: str, replica: str, timeout_s: float) -> bool: ...
     def remove_endpoint(self, function: str, replica: str) -> None: ...
     def forget(self, function: str) -> None: ...
@@ -184,7 +184,8 @@ class Controller:
         count, not_before = self.failures.get(name, (0, 0.0))
         if decision.desired > current and now < not_before:
             # crash-loop back-off: a replica of this revision failed to start moments ago
-            self.router.fail_waiters(name, f"function {name!r} is failing to start; retrying in {not_before - now:.0f} s")
+            self.router.fail_waiters(name, f"function {name!r} could not start a replica moments ago; "
+                                           f"retrying in {not_before - now:.0f} s (see shoal events {name})")
             return
         for _ in range(decision.desired - current):
             self._spawn_task(self.start_replica(name, spec, revision))
@@ -241,8 +242,10 @@ class Controller:
         replica_id = f"{name}-{next(self._ids)}"
         placed = place(self.demand_for(spec, replica_id), self.inventory)
         if isinstance(placed, Unplaceable):
-            self.events("unplaceable", f"cannot place a replica of {name}: {placed.message}", function=name,
-                        data={"reasons": list(placed.reasons)})
+            message = f"cannot place a replica of {name}: {placed.message}"
+            self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
+            self._back_off(name)
+            self.router.fail_waiters(name, message)
             return None
         self.inventory = self.inventory.allocate(placed)
         replica = Replica(replica_id, name, revision, placed, created_at=self.clock())
@@ -253,9 +256,7 @@ class Controller:
         except Exception as exc:
             message = f"replica {replica_id} failed to start: {exc}"
             await self._fail(replica, message)
-            count = self.failures.get(name, (0, 0.0))[0] + 1
-            # back-off 1, 2, 4 ... 30 s, like a Kubernetes CrashLoopBackOff
-            self.failures[name] = (count, self.clock() + min(30.0, 2.0 ** (count - 1)))
+            self._back_off(name)
             self.router.fail_waiters(name, message)
             return None
         self.failures.pop(name, None)
@@ -264,12 +265,18 @@ class Controller:
         replica.state, replica.ready_at = "ready", self.clock()
         self.cold_starts[name] = ready_s
         self.router.add_endpoint(name, replica_id, replica.handle.host, replica.handle.port,
-                                 spawn_s=live_s, load_s=max(0.0, ready_s - live_s))
+                                 spawn_s=live_s, load_s=max(0.0, ready_s - live_s),
+                                 uds=getattr(replica.handle, "uds", None))
         self.events("replica_ready", f"{replica_id} ready in {ready_s:.3f} s on {placed.device.id} "
                     f"slice {_slice(placed)}{' (emulated)' if placed.device.emulated else ''}",
                     function=name, data={"replica": replica_id, "ready_s": ready_s, "spawn_s": live_s,
                                          "device": placed.device.id, "cpus": list(placed.cpus)})
         return replica
+
+    def _back_off(self, name: str) -> None:
+        """Wait 1, 2, 4 ... 30 s before trying again, like a Kubernetes CrashLoopBackOff."""
+        count = self.failures.get(name, (0, 0.0))[0] + 1
+        self.failures[name] = (count, self.clock() + min(30.0, 2.0 ** (count - 1)))
 
     async def stop_replica(self, replica: Replica, reason: str) -> None:
         if replica.state in ("draining", "stopped", "failed"):

@@ -160,7 +160,7 @@ def pick_cpus(fraction: Fraction, device: Device, inventory: Inventory) -> tuple
     return tuple(sorted(sorted(device.cpus, key=lambda c: (load[c], c))[:count]))
 
 
-def parse_devices(text: str, cpu_count: int, memory_mib: int, gpus: list[Device] | None = None) -> tuple[Device, ...]:
+def parse_devices(text: str, cpus: tuple[int, ...], memory_mib: int, gpus: list[Device] | None = None) -> tuple[Device, ...]:
     """`auto` (GPUs found by NVML, else this machine's CPU), `cpu`, or `emulated:4x80GiB`
     (adds emulated devices, plus the CPU for real models); parts join with ','."""
     devices: list[Device] = []
@@ -168,20 +168,22 @@ def parse_devices(text: str, cpu_count: int, memory_mib: int, gpus: list[Device]
         if part == "auto":
             devices.extend(gpus or [])
             if not gpus:
-                devices.append(cpu_device(cpu_count, memory_mib))
+                devices.append(cpu_device(cpus, memory_mib))
         elif part == "cpu":
-            devices.append(cpu_device(cpu_count, memory_mib))
+            devices.append(cpu_device(cpus, memory_mib))
         elif part.startswith("emulated:"):
             devices.extend(_emulated(part))
             if not any(d.kind == "cpu" for d in devices):
-                devices.append(cpu_device(cpu_count, memory_mib))
+                devices.append(cpu_device(cpus, memory_mib))
         else:
             raise ValueError(f"--devices {part!r} is invalid: expected auto, cpu or emulated:NxMEM (e.g. emulated:4x80GiB)")
     return tuple(devices)
 
 
-def cpu_device(cpu_count: int, memory_mib: int) -> Device:
-    return Device("cpu:0", "cpu", memory_mib, cpus=tuple(range(cpu_count)), name=f"{cpu_count} CPU cores")
+def cpu_device(cpus: tuple[int, ...], memory_mib: int) -> Device:
+    """This machine's CPU as one device whose slices are shares of `cpus` (the cores
+    the control plane may use: its affinity mask, not every core of the machine)."""
+    return Device("cpu:0", "cpu", memory_mib, cpus=tuple(cpus), name=f"{len(cpus)} CPU cores")
 
 
 def _emulated(part: str) -> list[Device]:

@@ -1,10 +1,14 @@
-"""`shoal demo` (`make demo`): the main job on the embedded default, start to finish.
+"""`shoal demo` (`make demo`): the platform story on the embedded default, start to finish.
 
-Builds the example digits model (scikit-learn's bundled data, to ONNX), serves it
-with one replica on loopback, calls it the ways a user would (V2 JSON, V2 binary
-tensors through tritonclient, KServe V1), sends a concurrent burst that the
-replica batches, reads its duty cycle from /metrics, and shuts it down with
-SIGTERM. Later issues grow this into the platform story (scale from zero, report).
+1. builds the example digits model (scikit-learn's bundled data, to ONNX);
+2. starts `shoal up` on a free loopback port (state in .shoal/demo);
+3. deploys the model as a function that scales to zero;
+4. sends the first request while nothing runs: the gateway holds it, a replica
+   forks from the zygote, loads, answers; the cold start is shown by phase;
+5. calls it the other ways (tritonclient with binary tensors, KServe V1);
+6. sends a burst: the controller scales out on a slice per replica;
+7. goes idle: the function scales back to zero;
+8. restarts the control plane: the function is still there and serves.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,98 +26,155 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from deploy.client import Shoal
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="shoal demo", description=__doc__.splitlines()[0])
-    p.add_argument("--state-dir", default=".shoal", help="where the example model is written (default .shoal)")
+    p.add_argument("--state-dir", default=".shoal/demo", help="control-plane state for the demo (wiped first)")
+    p.add_argument("--burst-s", type=float, default=8.0)
     args = p.parse_args(argv)
     from functions.examples.digits import build_digits_onnx, digits_data
 
-    model = Path(args.state_dir) / "examples" / "digits.onnx"
+    state = Path(args.state_dir)
+    shutil.rmtree(state, ignore_errors=True)
+    model = state.parent / "examples" / "digits.onnx"
     if not model.exists():
         print(f"building the example model -> {model}")
         build_digits_onnx(model)
     x, y = digits_data()
-    proc, url = _start(model)
+
+    _step("1. start the control plane (gateway, API, controller, zygote, registry) on loopback")
+    plane, url = _up(state)
     try:
-        _story(url, x, y)
+        with Shoal(url, state_dir=state) as shoal:
+            _story(shoal, model, x, y, args.burst_s)
+        _step("8. restart the control plane: the registry keeps the function, scaled to zero")
+        _down(plane)
+        plane, url = _up(state)
+        with Shoal(url, state_dir=state) as shoal:
+            names = [f["name"] for f in shoal.functions()]
+            started = time.perf_counter()
+            r = shoal.invoke("digits", _body(x[:1]))
+            print(f"   functions after restart: {names}; first request {r.status_code} in "
+                  f"{(time.perf_counter() - started) * 1000:.0f} ms (cold: {r.headers.get('shoal-cold-start')})")
+            _events(shoal)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(30)
-        print(f"\nSIGTERM: the replica drained and exited with status {code}")
+        _down(plane)
+    print(f"\nlogs and registry: {state}/ (registry.db, logs/); the next issue adds the load-test report")
     return 0
 
 
-def _start(model: Path) -> tuple[subprocess.Popen, str]:
+def _story(shoal: Shoal, model: Path, x: np.ndarray, y: np.ndarray, burst_s: float) -> None:
+    _step("2. deploy the model: slice 1/4, min 0, max 4 replicas, to zero after 5 s idle")
+    function = shoal.deploy(model, "digits", slice="1/4", max_replicas=4, idle_to_zero_s=5,
+                            target_concurrency=2, batch=16, batch_delay_ms=1)
+    print(f"   deployed {function['name']} revision {function['revision']}: {shoal.url}{function['endpoints']['v2']}")
+    print(f"   replicas running: {_ready(shoal)}")
+
+    _step("3. first request while the function is at zero")
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serving.replica", str(model), "--name", "digits", "--port", "0",
-         "--max-batch-size", "16", "--max-queue-delay-ms", "2"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    banner = proc.stdout.readline().strip()
-    url = banner.split("listening on ", 1)[1].split()[0]
-    while httpx.get(f"{url}/v2/health/ready").status_code != 200:
-        time.sleep(0.01)
-    print(f"{banner}\nready {time.perf_counter() - started:.2f} s after start")
-    return proc, url
+    r = shoal.invoke("digits", _body(x[:4]))
+    elapsed = time.perf_counter() - started
+    labels = r.json()["outputs"][0]["data"]
+    print(f"   {r.status_code} in {elapsed * 1000:.0f} ms, labels {labels} (true {y[:4].tolist()})")
+    print(f"   cold start phases (s): {r.headers.get('shoal-cold-start')}")
 
-
-def _story(url: str, x: np.ndarray, y: np.ndarray) -> None:
+    _step("4. the same function through tritonclient (binary tensors) and KServe V1")
     import tritonclient.http as triton
 
-    meta = httpx.get(f"{url}/v2/models/digits").json()
-    print(f"\nmodel metadata: inputs {meta['inputs']} outputs {[o['name'] for o in meta['outputs']]}")
-
-    body = {"inputs": [{"name": "X", "shape": [4, 64], "datatype": "FP32", "data": x[:4].tolist()}],
-            "outputs": [{"name": "label"}]}
-    labels = httpx.post(f"{url}/v2/models/digits/infer", json=body).json()["outputs"][0]["data"]
-    print(f"V2 JSON      labels {labels}   (true {y[:4].tolist()})")
-
-    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    client = triton.InferenceServerClient(shoal.url.removeprefix("http://"))
     tensor = triton.InferInput("X", [4, 64], "FP32")
     tensor.set_data_from_numpy(x[4:8], binary_data=True)
     result = client.infer("digits", [tensor], outputs=[triton.InferRequestedOutput("label", binary_data=True)])
-    print(f"V2 binary    labels {result.as_numpy('label').tolist()}   (true {y[4:8].tolist()}, via tritonclient)")
+    print(f"   tritonclient: labels {result.as_numpy('label').tolist()} (true {y[4:8].tolist()})")
+    v1 = shoal.invoke("digits", {"instances": x[8:10].tolist()}).json()
+    print(f"   KServe V1:    labels {[p['label'] for p in v1['predictions']]} (true {y[8:10].tolist()})")
 
-    v1 = httpx.post(f"{url}/v1/models/digits:predict", json={"instances": x[8:10].tolist()}).json()
-    print(f"V1 predict   labels {[p['label'] for p in v1['predictions']]}   (true {y[8:10].tolist()})")
+    _step(f"5. a burst: 64 concurrent clients for {burst_s:.0f} s")
+    done, failed, seconds = asyncio.run(_burst(shoal.url, x, burst_s))
+    print(f"   {done} requests in {seconds:.1f} s ({done / seconds:.0f}/s), {failed} failed")
+    print(f"   replicas running: {_ready(shoal)}")
+    print("\n" + _indent(_top(shoal)))
 
-    bad = httpx.post(f"{url}/v2/models/digits/infer", json={"inputs": [{**body["inputs"][0], "datatype": "FP64"}]})
-    print(f"bad input    {bad.status_code} {bad.json()}")
-
-    n = 400
-    correct, seconds = asyncio.run(_burst(url, x[:n], y[:n]))
-    metrics = _metrics(httpx.get(f"{url}/metrics").text)
-    batches = metrics['shoal_replica_batch_size_count{function="digits"}']
-    rows = metrics['shoal_replica_batch_size_sum{function="digits"}']
-    busy = metrics['shoal_replica_busy_seconds_total{function="digits"}']
-    print(f"\nburst        {n} concurrent single-row requests in {seconds:.2f} s, {correct}/{n} correct")
-    print(f"batching     {rows:.0f} rows in {batches:.0f} batches (mean {rows / batches:.1f} rows per batch)")
-    print(f"duty cycle   executor busy {busy:.3f} s of {seconds:.2f} s wall = {busy / seconds:.1%} of the slice")
-
-
-async def _burst(url: str, x: np.ndarray, y: np.ndarray) -> tuple[int, float]:
-    limits = httpx.Limits(max_connections=32)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
-        async def one(i: int) -> bool:
-            body = {"inputs": [{"name": "X", "shape": [1, 64], "datatype": "FP32", "data": x[i].tolist()}],
-                    "outputs": [{"name": "label"}]}
-            r = await client.post(f"{url}/v2/models/digits/infer", json=body)
-            return r.json()["outputs"][0]["data"][0] == int(y[i])
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(i) for i in range(len(x))))
-        return sum(results), time.perf_counter() - start
+    _step("6. idle: the function scales back to zero after idle_to_zero_s = 5")
+    deadline = time.monotonic() + 30
+    while _ready(shoal) > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    print(f"   replicas running: {_ready(shoal)}")
+    _step("7. what the controller decided, and why (shoal events)")
+    _events(shoal)
 
 
-def _metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
+async def _burst(url: str, x: np.ndarray, seconds: float) -> tuple[int, int, float]:
+    done = failed = 0
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        async def user(i: int) -> None:
+            nonlocal done, failed
+            while time.monotonic() < end:
+                r = await client.post("/v2/models/digits/infer", json=_body(x[i % len(x):i % len(x) + 1]))
+                done += 1
+                failed += r.status_code != 200
+
+        start = time.monotonic()
+        end = start + seconds
+        await asyncio.gather(*(user(i) for i in range(64)))
+        return done, failed, time.monotonic() - start
+
+
+def _body(x: np.ndarray) -> dict:
+    return {"inputs": [{"name": "X", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}],
+            "outputs": [{"name": "label"}]}
+
+
+def _ready(shoal: Shoal) -> int:
+    return shoal.status()["functions"].get("digits", {}).get("ready", 0)
+
+
+def _top(shoal: Shoal) -> str:
+    from deploy.commands import render_top
+
+    return render_top(shoal.status())
+
+
+def _events(shoal: Shoal) -> None:
+    from datetime import datetime
+
+    for e in shoal.events("digits"):
+        stamp = datetime.fromtimestamp(e["at"]).strftime("%H:%M:%S.%f")[:-3]
+        print(f"   {stamp}  {e['kind']:<15} {e['message']}")
+
+
+def _up(state: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "up", "--port", "0", "--state-dir", str(state), "--tick-s", "0.5",
+         "--log-level", "warning"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    banner = proc.stdout.readline().strip()
+    url = banner.split("endpoint ", 1)[1].split()[0]
+    while True:
+        try:
+            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    print(f"   {banner}")
+    return proc, url
+
+
+def _down(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _step(text: str) -> None:
+    print(f"\n{text}", flush=True)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("   " + line for line in text.splitlines())
 
 
 if __name__ == "__main__":

@@ -42,3 +42,10 @@ def memory_mib() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
     except (ValueError, OSError, AttributeError):
         return 4096
+
+
+def usable_cpus() -> tuple[int, ...]:
+    """The cores this process may run on (its affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))

@@ -32,8 +32,8 @@ from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
 from deploy.api import ApiError, check_token, create_api
 from deploy.backends.local import LocalBackend
-from deploy.inventory import discover_gpus, memory_mib
-from functions.artifacts import ArtifactStore
+from deploy.inventory import discover_gpus, memory_mib, usable_cpus
+from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
 from functions.registry import FunctionRecord, NotFound, Registry
 from functions.spec import FunctionSpec
 from serving import __version__
@@ -92,16 +92,17 @@ class HttpScraper:
 
 class ControlPlane:
     def __init__(self, state_dir: Path, devices: str = "auto", auth_inference: bool = False,
-                 gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig()):
+                 gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig(),
+                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self.token = ensure_token(self.state_dir)
         self.registry = Registry(self.state_dir / "registry.db")
-        self.store = ArtifactStore(self.state_dir / "artifacts")
+        self.store = ArtifactStore(self.state_dir / "artifacts", max_artifact_bytes)
         self.metrics = CollectorRegistry(auto_describe=True)
         self.source = RegistrySource(self.registry)
-        self.devices = parse_devices(devices, os.cpu_count() or 1, memory_mib(), discover_gpus())
+        self.devices = parse_devices(devices, usable_cpus(), memory_mib(), discover_gpus())
         self.gateway = Gateway(
             self.metrics, poke=self._poke, known=lambda n: n in self.source.functions(),
             config=gateway_config, authorize=self._authorize_inference if auth_inference else None,
@@ -263,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-inference", action="store_true", help="require the bearer token on inference endpoints too")
     p.add_argument("--hold-timeout-s", type=float, default=30.0, help="how long a request may wait for a cold start")
     p.add_argument("--tick-s", type=float, default=1.0, help="controller tick (default 1 s)")
+    p.add_argument("--max-artifact-mib", type=float, default=DEFAULT_MAX_ARTIFACT_BYTES / 2**20,
+                   help="largest artifact accepted (default 1024 MiB)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -275,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         plane = ControlPlane(
             Path(args.state_dir), args.devices, args.auth_inference,
             GatewayConfig(hold_timeout_s=args.hold_timeout_s), ControllerConfig(tick_s=args.tick_s),
+            int(args.max_artifact_mib * 2**20),
         )
     except ValueError as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
@@ -296,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shoal up: endpoint http://{host}:{port}  token {Path(args.state_dir).resolve() / 'token'}  devices {devices}",
           flush=True)
     config = uvicorn.Config(plane, http="httptools", ws="none", lifespan="on", log_level="warning",
-                            access_log=False, server_header=False, timeout_graceful_shutdown=30)
+                            access_log=False, server_header=False, timeout_graceful_shutdown=30,
+                            proxy_headers=False)
     server = uvicorn.Server(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

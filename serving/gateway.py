@@ -113,6 +113,16 @@ class GatewayMetrics:
                               ["function", "phase"], buckets=COLD_BUCKETS_S, registry=r)
         self.retries = Counter("shoal_gateway_retries", "Requests sent again to another replica",
                                ["function"], registry=r)
+        self._children: dict[tuple[str, int], tuple] = {}
+
+    def count(self, function: str, status: int, seconds: float) -> None:
+        """One answered request (label lookups cached: this runs on every request)."""
+        children = self._children.get((function, status))
+        if children is None:
+            children = self._children[(function, status)] = (
+                self.requests.labels(function, str(status)), self.duration.labels(function))
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class Gateway:
@@ -143,12 +153,12 @@ class Gateway:
         return route
 
     def add_endpoint(self, function: str, replica: str, host: str, port: int,
-                     spawn_s: float | None = None, load_s: float | None = None) -> None:
+                     spawn_s: float | None = None, load_s: float | None = None, uds: str | None = None) -> None:
         """A replica is ready: route to it and wake the requests held for it.
         spawn_s/load_s: how long it took to start and load, when it was a cold start."""
         route = self.route(function)
         cold = ColdStart(spawn_s, load_s) if spawn_s is not None and load_s is not None else None
-        endpoint = Endpoint(replica, UpstreamPool(host, port), cold)
+        endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), cold)
         endpoint.idle.set()
         route.endpoints.append(endpoint)
         if cold is not None:
@@ -239,8 +249,7 @@ class Gateway:
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": body})
         label = function if function is not None and self._known(function) else "-"
-        self.metrics.requests.labels(label, str(status)).inc()
-        self.metrics.duration.labels(label).observe(self._clock() - start)
+        self.metrics.count(label, status, self._clock() - start)
 
     async def _dispatch(self, scope, receive, function, headers, start):
         method, path = scope["method"], scope["path"]

@@ -302,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", default="1", help="model version (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one; default 8080)")
+    p.add_argument("--uds", help="also listen on this Unix socket (the local gateway's path: no TCP stack)")
     p.add_argument("--loader", help="override detection: onnx, torchscript, sklearn, handler, kserve, profile")
     p.add_argument("--trust", action="store_true", help="allow pickles (joblib/pickle), which run code when loaded")
     p.add_argument("--slice", default="1/4", help="share of the device: '1/4', or '1/4:2048' with a memory budget in MiB")
@@ -380,10 +381,17 @@ def _serve(args, name: str, binding, batching: BatchingSpec) -> int:
     except OSError as exc:
         print(f"shoal replica: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
+    sockets = [sock]
+    if args.uds:
+        try:
+            sockets.append(_bind_unix(args.uds))
+        except OSError as exc:
+            print(f"shoal replica: cannot listen on {args.uds}: {exc}", file=sys.stderr)
+            return 2
     host, port = sock.getsockname()[:2]
     label = " (emulated device)" if binding.emulated else ""
     print(f"shoal replica {name} listening on http://{host}:{port} slice {binding.slice.name} on {binding.device}{label}", flush=True)
-    return _run_server(app, dataplane, executor, sock, args.log_level, LoadError)
+    return _run_server(app, dataplane, executor, sockets, args.log_level, LoadError)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -396,12 +404,25 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_level: str, load_error_type) -> int:
+def _bind_unix(path: str) -> socket.socket:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    return sock
+
+
+def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sockets, log_level: str, load_error_type) -> int:
     import uvicorn
 
     config = uvicorn.Config(
         app, loop="none", http="httptools", ws="none", lifespan="on", log_level=log_level, access_log=False,
         server_header=False, date_header=False, timeout_graceful_shutdown=30, backlog=2048,
+        proxy_headers=False,
     )
     server = uvicorn.Server(config)
     exit_code = 0
@@ -427,7 +448,12 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sock, log_l
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(server.serve(sockets=[sock]))
+        runner.run(server.serve(sockets=sockets))
+    for extra in sockets[1:]:
+        try:
+            os.unlink(extra.getsockname())
+        except OSError:
+            pass
     if executor.running:
         # A model call is stuck (a hung model, a load still going): the thread cannot be
         # interrupted, and interpreter exit would join it forever. Leave without it.

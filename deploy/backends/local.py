@@ -12,9 +12,11 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ class LocalReplica:
     port: int
     log_path: Path
     created_at: float
+    uds: str | None = None
     pid: int | None = None
     exit_code: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
@@ -62,7 +65,8 @@ def replica_env(placement: Placement) -> dict[str, str]:
     return env
 
 
-def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host: str, port: int) -> list[str]:
+def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host: str, port: int,
+                 uds: str | None = None) -> list[str]:
     device = placement.device
     # Inside the replica a GPU is always index 0: CUDA_VISIBLE_DEVICES exposes only its own.
     device_arg = {"gpu": "gpu:0", "cpu": "cpu"}.get(device.kind, device.id)
@@ -84,6 +88,8 @@ def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host:
         argv += ["--loader", spec.loader]
     if spec.trust:
         argv.append("--trust")
+    if uds:
+        argv += ["--uds", uds]
     return argv
 
 
@@ -102,6 +108,9 @@ class LocalBackend:
         self._by_pid: dict[int, LocalReplica] = {}
         self._early_exits: dict[int, int] = {}
         self._http: httpx.AsyncClient | None = None
+        self._closing = False
+        # Unix sockets for gateway -> replica; a short path (sun_path holds 108 bytes)
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="shoal-"))
 
     async def start(self) -> None:
         self._zygote = await asyncio.create_subprocess_exec(
@@ -130,7 +139,8 @@ class LocalBackend:
                 else:
                     replica.exit_code = message["code"]
                     replica.exited.set()
-        log.error("the zygote exited")
+        if not self._closing:
+            log.error("the zygote exited unexpectedly; replicas cannot start until shoal up restarts")
 
     def _command(self, message: dict) -> None:
         assert self._zygote is not None and self._zygote.stdin is not None
@@ -138,13 +148,14 @@ class LocalBackend:
 
     async def create(self, replica_id: str, spec: FunctionSpec, placement: Placement) -> LocalReplica:
         port = free_port(self.host)
-        replica = LocalReplica(replica_id, self.host, port, self.log_dir / f"{replica_id}.log", self.clock())
+        replica = LocalReplica(replica_id, self.host, port, self.log_dir / f"{replica_id}.log", self.clock(),
+                               uds=str(self.socket_dir / f"{replica_id}.sock"))
         future = asyncio.get_running_loop().create_future()
         self._spawned[replica_id] = future
         artifact = self.artifact_path(spec.artifact)
         self._command({
             "op": "spawn", "id": replica_id, "log": str(replica.log_path),
-            "argv": replica_argv(spec, placement, artifact, self.host, port), "env": replica_env(placement),
+            "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds), "env": replica_env(placement),
         })
         replica.pid = await asyncio.wait_for(future, 30)
         self._by_pid[replica.pid] = replica
@@ -195,6 +206,7 @@ class LocalBackend:
         return " | ".join(text[-lines:]) or "(empty log)"
 
     async def close(self) -> None:
+        self._closing = True
         if self._http is not None:
             await self._http.aclose()
         if self._zygote is not None and self._zygote.returncode is None:
@@ -205,3 +217,4 @@ class LocalBackend:
                 self._zygote.kill()
         if self._reader is not None:
             self._reader.cancel()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -226,3 +226,38 @@ def test_kill_9_of_the_control_plane_leaves_no_orphans(tmp_path, digits_onnx):
     p.proc.wait(10)
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert alive == [], f"orphans left: {[a.pid for a in alive]}"
+
+
+def test_emulated_devices_place_profile_models_and_report_what_cannot_be_placed(tmp_path):
+    from tests.conftest import EXAMPLES
+
+    p = start_plane(tmp_path / "state", "--devices", "emulated:2x80GiB", "--max-artifact-mib", "1")
+    try:
+        with p.client() as client:
+            devices = {d["id"]: d for d in client.status()["devices"]}
+            assert devices["emulated:0"]["emulated"] and devices["emulated:1"]["emulated"]
+            client.deploy(EXAMPLES / "emulated_resnet.yaml", "resnet", slice="1/2")
+            body = {"inputs": [{"name": "image", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}
+            r = client.invoke("resnet", body)
+            assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [1, 10]
+            replica = client.status()["functions"]["resnet"]["replicas"][0]
+            assert replica["device"].startswith("emulated:") and replica["emulated"]
+            meta = client.http.get("/v2/models/resnet").json()
+            assert meta["properties"]["emulated"] == "true"
+            # a whole-device slice of 90 GiB fits on no 80 GiB device: refused with the reason, at once
+            client.deploy(EXAMPLES / "emulated_resnet.yaml", "huge", slice="1:92160", idle_to_zero_s=60)
+            started = time.monotonic()
+            r = client.invoke("huge", body)
+            assert r.status_code == 503 and "cannot place" in r.json()["error"] and "needs 92160 MiB" in r.json()["error"]
+            assert time.monotonic() - started < 10
+            assert any(e["kind"] == "unplaceable" for e in client.events("huge"))
+            # artifacts over --max-artifact-mib are refused
+            big = tmp_path / "big.onnx"
+            big.write_bytes(b"\0" * (2 * 2**20))
+            from deploy.client import ShoalError
+
+            with pytest.raises(ShoalError) as err:
+                client.deploy(big, "big")
+            assert err.value.status == 413
+    finally:
+        assert p.stop() == 0

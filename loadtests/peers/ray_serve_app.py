@@ -1,0 +1,88 @@
+"""Peer for benchmarks: the digits ONNX model on Ray Serve, autoscaling from zero.
+
+Run with the Python of a separate venv that has ray[serve] and onnxruntime
+(`make ray-venv`; Ray Serve 2.60 wants protobuf 7, which KServe cannot take):
+
+    .venv-ray/bin/python loadtests/peers/ray_serve_app.py MODEL.onnx
+
+Prints `ray serve ready STATUS_FILE PORT` once serving; STATUS_FILE holds the number
+of running replicas, refreshed every 0.1 s. The Serve proxy listens on 127.0.0.1.
+Autoscaling is Ray's default policy (target 2 ongoing requests, upscale from zero at
+once), except that the delays before scaling down are 2 s instead of 600 s, so the
+benchmark can measure repeated cold starts in a bounded time.
+"""
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import onnxruntime as ort
+import ray
+from ray import serve
+from starlette.requests import Request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@serve.deployment(
+    autoscaling_config={
+        "min_replicas": 0, "initial_replicas": 0, "max_replicas": 1, "target_ongoing_requests": 2,
+        "downscale_delay_s": 2.0, "downscale_to_zero_delay_s": 2.0,
+    },
+    ray_actor_options={"num_cpus": 0.5},
+)
+class Digits:
+    def __init__(self, path: str):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+    async def __call__(self, request: Request):
+        body = await request.json()
+        tensor = body["inputs"][0]
+        x = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
+        label, probabilities = self.session.run(["label", "probabilities"], {"X": x})
+        return {"model_name": "digits", "outputs": [
+            {"name": "label", "datatype": "INT64", "shape": list(label.shape), "data": label.tolist()},
+            {"name": "probabilities", "datatype": "FP32", "shape": list(probabilities.shape),
+             "data": probabilities.reshape(-1).tolist()},
+        ]}
+
+
+def report(status_path: str) -> None:
+    while True:
+        try:
+            deployments = serve.status().applications["default"].deployments
+            running = sum(d.replica_states.get("RUNNING", 0) for d in deployments.values())
+            with open(status_path + ".tmp", "w") as f:
+                f.write(str(running))
+            os.replace(status_path + ".tmp", status_path)
+        except Exception:
+            pass
+        time.sleep(0.1)
+
+
+def main() -> None:
+    model = sys.argv[1]
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(Digits.bind(model), route_prefix="/digits", blocking=False)
+    status_path = os.path.join(tempfile.mkdtemp(prefix="ray-serve-"), "replicas")
+    threading.Thread(target=report, args=(status_path,), daemon=True).start()
+    print(f"ray serve ready {status_path} {port}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
