@@ -193,6 +193,13 @@ def test_cli_commands(plane, digits):
     assert top.returncode == 0 and "digits" in top.stdout and "DUTY" in top.stdout
     events = shoal("events", "digits")
     assert events.returncode == 0 and "deploy" in events.stdout
+    with plane.client() as client:
+        client.deploy(ROOT / "functions" / "examples" / "digits_handler.py", "doomed")
+    rm = shoal("rm", "doomed")
+    assert rm.returncode == 0 and "removed doomed" in rm.stdout
+    assert "doomed" not in shoal("ls").stdout
+    missing = shoal("rm", "doomed")
+    assert missing.returncode == 1 and "not found" in missing.stderr
 
 
 def test_restart_keeps_functions(tmp_path, digits_onnx):
@@ -231,7 +238,7 @@ def test_kill_9_of_the_control_plane_leaves_no_orphans(tmp_path, digits_onnx):
 def test_emulated_devices_place_profile_models_and_report_what_cannot_be_placed(tmp_path):
     from tests.conftest import EXAMPLES
 
-    p = start_plane(tmp_path / "state", "--devices", "emulated:2x80GiB", "--max-artifact-mib", "1")
+    p = start_plane(tmp_path / "state", "--devices", "emulated:2x80GiB", "--max-artifact-mib", "1", "--auth-inference")
     try:
         with p.client() as client:
             devices = {d["id"]: d for d in client.status()["devices"]}
@@ -244,6 +251,10 @@ def test_emulated_devices_place_profile_models_and_report_what_cannot_be_placed(
             assert replica["device"].startswith("emulated:") and replica["emulated"]
             meta = client.http.get("/v2/models/resnet").json()
             assert meta["properties"]["emulated"] == "true"
+            # --auth-inference: the token is needed on inference endpoints too
+            assert httpx.post(f"{p.url}/v2/models/resnet/infer", json=body).status_code == 401
+            wrong = httpx.post(f"{p.url}/v2/models/resnet/infer", json=body, headers={"authorization": "Bearer x"})
+            assert wrong.status_code == 403
             # a whole-device slice of 90 GiB fits on no 80 GiB device: refused with the reason, at once
             client.deploy(EXAMPLES / "emulated_resnet.yaml", "huge", slice="1:92160", idle_to_zero_s=60)
             started = time.monotonic()

@@ -1,0 +1,158 @@
+"""The gateway in-process against small HTTP servers on loopback: holding while cold,
+retries on another replica, draining, and the bounded activator queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from serving.gateway import Gateway, GatewayConfig
+
+pytestmark = pytest.mark.integration
+
+REQUEST = b'{"inputs": []}'
+
+
+async def fake_replica(delay_s: float = 0.0):
+    """A tiny HTTP/1.1 server: answers every request with 200 and its own name."""
+    served = []
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                await asyncio.sleep(delay_s)
+                body = b'{"ok": true}'
+                served.append(1)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], served
+
+
+class Scope:
+    """Drive Gateway.handle like uvicorn would, and collect the response."""
+
+    def __init__(self, gateway: Gateway, path: str = "/v2/models/f/infer"):
+        self.gateway = gateway
+        self.path = path
+
+    async def call(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        scope = {"type": "http", "method": "POST", "path": self.path, "headers": [(b"content-type", b"application/json")],
+                 "query_string": b""}
+        sent = iter([{"type": "http.request", "body": REQUEST, "more_body": False}])
+        out = {}
+
+        async def receive():
+            return next(sent)
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                out["status"], out["headers"] = message["status"], dict(message["headers"])
+            else:
+                out["body"] = message["body"]
+
+        await self.gateway.handle(scope, receive, send)
+        return out["status"], out["headers"], out["body"]
+
+
+def make_gateway(**config) -> tuple[Gateway, list[str]]:
+    pokes: list[str] = []
+    gateway = Gateway(CollectorRegistry(), poke=pokes.append, known=lambda n: n == "f", config=GatewayConfig(**config))
+    return gateway, pokes
+
+
+def test_request_is_held_until_a_replica_is_ready():
+    async def scenario():
+        gateway, pokes = make_gateway()
+        server, port, _ = await fake_replica()
+        call = asyncio.ensure_future(Scope(gateway).call())
+        await asyncio.sleep(0.05)
+        assert not call.done() and gateway.held("f") == 1 and pokes == ["f"]
+        gateway.add_endpoint("f", "r1", "127.0.0.1", port, spawn_s=0.03, load_s=0.01)
+        status, headers, _ = await call
+        server.close()
+        return status, headers
+
+    status, headers = asyncio.run(scenario())
+    assert status == 200
+    assert b"queue_wait=" in headers[b"shoal-cold-start"] and b"spawn=0.0300" in headers[b"shoal-cold-start"]
+
+
+def test_held_request_times_out_with_504_and_queue_limit_gives_503():
+    async def scenario():
+        gateway, _ = make_gateway(hold_timeout_s=0.2, max_held_per_function=2)
+        calls = [asyncio.ensure_future(Scope(gateway).call()) for _ in range(3)]
+        return [c[0] for c in await asyncio.gather(*calls)]
+
+    codes = asyncio.run(scenario())
+    # two are held and time out (504); the third finds the queue of 2 full (503)
+    assert sorted(codes) == [503, 504, 504]
+
+
+def test_connection_refused_is_retried_on_another_replica(monkeypatch):
+    import itertools
+
+    # ties between equally loaded replicas break by random(); an increasing sequence
+    # makes the first candidate (the dead one) win every first pick
+    counter = itertools.count()
+    monkeypatch.setattr("serving.gateway.random.random", lambda: next(counter))
+
+    async def scenario():
+        gateway, _ = make_gateway()
+        server, port, served = await fake_replica()
+        dead_port = port + 1 if port < 65000 else port - 1  # nothing listens there (checked below)
+        try:
+            await asyncio.open_connection("127.0.0.1", dead_port)
+            pytest.skip("the neighbouring port is in use")
+        except OSError:
+            pass
+        gateway.add_endpoint("f", "dead", "127.0.0.1", dead_port)
+        gateway.add_endpoint("f", "alive", "127.0.0.1", port)
+        results = [await Scope(gateway).call() for _ in range(6)]
+        server.close()
+        retries = gateway.metrics.retries.labels("f")._value.get()
+        return [r[0] for r in results], len(served), retries
+
+    codes, served, retries = asyncio.run(scenario())
+    assert codes == [200] * 6 and served == 6
+    assert retries == 6  # each request tried the dead replica first, then the live one
+
+
+def test_drain_waits_for_in_flight_requests():
+    async def scenario():
+        gateway, _ = make_gateway()
+        server, port, _ = await fake_replica(delay_s=0.3)
+        gateway.add_endpoint("f", "r1", "127.0.0.1", port)
+        call = asyncio.ensure_future(Scope(gateway).call())
+        await asyncio.sleep(0.05)
+        drained = await gateway.drain_endpoint("f", "r1", timeout_s=5)
+        finished_first = call.done()
+        status = (await call)[0]
+        gateway.remove_endpoint("f", "r1")
+        server.close()
+        return drained, finished_first, status
+
+    drained, finished_first, status = asyncio.run(scenario())
+    assert drained and finished_first and status == 200
+
+
+def test_replica_failure_answers_held_requests_at_once():
+    async def scenario():
+        gateway, _ = make_gateway(hold_timeout_s=30)
+        call = asyncio.ensure_future(Scope(gateway).call())
+        await asyncio.sleep(0.05)
+        gateway.fail_waiters("f", "replica f-1 failed to start: not a loadable ONNX model")
+        return await asyncio.wait_for(call, 5)
+
+    status, headers, body = asyncio.run(scenario())
+    assert status == 503 and b"not a loadable ONNX model" in body and headers[b"retry-after"] == b"5"

@@ -1,0 +1,146 @@
+"""The control plane's pure parts: the first scaling policy, placement, metrics arithmetic.
+Table-driven on a fake clock (`now` is a number)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle, parse_replica_metrics, quantile
+from autoscaler.placement import Demand, Device, Inventory, Placement, Unplaceable, parse_devices, pick_cpus, place
+from autoscaler.policy import PolicyConfig, PolicyState, decide
+from functions.spec import ScalingSpec
+
+SPEC = ScalingSpec(min_replicas=0, max_replicas=8, target_concurrency=4, target_duty=0.7, idle_to_zero_s=60)
+
+
+def snap(ready=0, starting=0, inflight=0.0, held=0, duty=()) -> MetricsSnapshot:
+    return MetricsSnapshot("f", 0.0, ready=ready, starting=starting, inflight=inflight, activator_queue=held, duty=duty)
+
+
+POLICY_CASES = [
+    # id, snapshot, state, now, expected desired, expected reason
+    ("cold-start-one-waiting", snap(held=1), PolicyState(), 0.0, 1, "COLD_START"),
+    # 9 held at target 4 per replica: ceil(9/4) = 3
+    ("cold-start-sized-by-demand", snap(held=9), PolicyState(), 0.0, 3, "COLD_START"),
+    ("zero-stays-zero", snap(), PolicyState(), 0.0, 0, "TO_ZERO"),
+    # 9 in flight on 2 replicas: ceil(9/4) = 3 > 2
+    ("burst-by-concurrency", snap(ready=2, inflight=9), PolicyState(), 0.0, 3, "BURST"),
+    # duties 0.9 + 0.8 = 1.7; 1.7 / 0.7 = 2.43 -> 3 replicas
+    ("burst-by-duty", snap(ready=2, inflight=1, duty=(0.9, 0.8)), PolicyState(), 0.0, 3, "BURST"),
+    # a replica still starting counts: 5 in flight needs 2, 1 ready + 1 starting = 2
+    ("starting-counts-as-capacity", snap(ready=1, starting=1, inflight=5), PolicyState(), 0.0, 2, "STABLE"),
+    # demand 1 needs 1 of 3, but lower demand must last scale_down_delay_s (10 s) first
+    ("scale-down-waits", snap(ready=3, inflight=1), PolicyState(last_active_at=0.0), 5.0, 3, "HOLD"),
+    ("scale-down-one-step", snap(ready=3, inflight=1), PolicyState(last_active_at=10.0, below_since=0.0), 10.0, 2, "STABLE"),
+    # nothing in flight for 60 s = idle_to_zero_s -> 0
+    ("to-zero-after-idle", snap(ready=2), PolicyState(last_active_at=0.0), 60.0, 0, "TO_ZERO"),
+    ("not-yet-idle-enough", snap(ready=2), PolicyState(last_active_at=0.0, below_since=55.0), 59.0, 2, "HOLD"),
+    # 100 in flight wants ceil(100/4) = 25 replicas: capped at max_replicas = 8
+    ("bounded-by-max", snap(ready=4, inflight=100), PolicyState(), 0.0, 8, "BURST"),
+]
+
+
+@pytest.mark.parametrize("snapshot,state,now,desired,reason", [c[1:] for c in POLICY_CASES],
+                         ids=[c[0] for c in POLICY_CASES])
+def test_first_policy(snapshot, state, now, desired, reason):
+    decision, _ = decide(snapshot, SPEC, state, now, PolicyConfig(scale_down_delay_s=10))
+    assert (decision.desired, decision.reason) == (desired, reason)
+
+
+def test_min_replicas_is_a_floor():
+    spec = ScalingSpec(min_replicas=2, max_replicas=4)
+    decision, _ = decide(snap(ready=2), spec, PolicyState(last_active_at=0.0), 1000.0)
+    assert decision.desired == 2
+
+
+CPU = Device("cpu:0", "cpu", 16384, cpus=(0, 1, 2, 3))
+GPU = Device("gpu:0", "gpu", 81920)
+EMU = (Device("emulated:0", "emulated", 81920), Device("emulated:1", "emulated", 81920))
+
+
+def demand(replica, fraction, kinds=("gpu", "cpu"), memory=None) -> Demand:
+    return Demand(replica, "f", Fraction(fraction), memory, kinds)
+
+
+def test_binpack_fills_one_device_before_the_next():
+    inv = Inventory(EMU)
+    for i in range(4):  # 4 x 1/4 = one whole device
+        placed = place(demand(f"r{i}", "1/4", ("emulated",)), inv)
+        assert isinstance(placed, Placement) and placed.device.id == "emulated:1"  # ties go to the highest id
+        inv = inv.allocate(placed)
+    fifth = place(demand("r4", "1/4", ("emulated",)), inv)
+    assert fifth.device.id == "emulated:0"
+
+
+def test_unplaceable_says_why_for_each_device():
+    inv = Inventory((GPU,)).allocate(Placement("big", GPU, Fraction(3, 4), 60000, ()))
+    result = place(demand("r", "1/2"), inv)
+    assert isinstance(result, Unplaceable)
+    # 1 - 3/4 = 25 % free, a 1/2 slice needs 50 %
+    assert result.reasons == ("gpu:0: 25% of compute free, needs 50%",)
+    too_big = place(demand("r", "1/8", memory=30000), Inventory((GPU,)).allocate(Placement("big", GPU, Fraction(1, 2), 60000, ())))
+    # 81920 - 60000 = 21920 MiB free
+    assert too_big.reasons == ("gpu:0: 21920 MiB free, needs 30000 MiB",)
+
+
+def test_real_models_prefer_gpus_and_profiles_need_emulated_devices():
+    inv = Inventory((CPU, GPU) + EMU)
+    assert place(demand("r", "1/4"), inv).device.id == "gpu:0"
+    assert place(demand("p", "1/4", ("emulated",)), inv).device.kind == "emulated"
+    only_cpu = place(demand("p", "1/4", ("emulated",)), Inventory((CPU,)))
+    assert isinstance(only_cpu, Unplaceable) and "kind cpu, needs emulated" in only_cpu.message
+
+
+@pytest.mark.parametrize(
+    "fraction,taken,expected",
+    [
+        ("1/4", (), (0,)),  # 1/4 of 4 cores = 1 core, the least used: 0
+        ("1/2", (0,), (1, 2)),  # 2 cores; core 0 already has a replica
+        ("1/8", (0, 1, 2, 3), (0,)),  # rounds up to 1 core; all equally used -> lowest
+    ],
+)
+def test_cpu_slices_get_the_least_used_cores(fraction, taken, expected):
+    inv = Inventory((CPU,))
+    for i, core in enumerate(taken):
+        inv = inv.allocate(Placement(f"x{i}", CPU, Fraction(1, 8), 10, (core,)))
+    assert pick_cpus(Fraction(fraction), CPU, inv) == expected
+
+
+def test_parse_devices():
+    devices = parse_devices("emulated:2x80GiB", (0, 1), 4096)
+    assert [d.id for d in devices] == ["emulated:0", "emulated:1", "cpu:0"]
+    assert devices[0].memory_mib == 80 * 1024
+    assert [d.id for d in parse_devices("auto", (0, 1), 4096, [GPU])] == ["gpu:0"]
+    with pytest.raises(ValueError, match="expected emulated:NxMEM"):
+        parse_devices("emulated:lots", (0,), 1)
+
+
+METRICS = """# TYPE shoal_replica_requests_total counter
+shoal_replica_requests_total{code="200",function="f"} 90.0
+shoal_replica_requests_total{code="500",function="f"} 10.0
+# TYPE shoal_replica_busy_seconds_total counter
+shoal_replica_busy_seconds_total{function="f"} 1.5
+# TYPE shoal_replica_inflight gauge
+shoal_replica_inflight{function="f"} 3.0
+# TYPE shoal_replica_request_duration_seconds histogram
+shoal_replica_request_duration_seconds_bucket{function="f",le="0.01"} 50.0
+shoal_replica_request_duration_seconds_bucket{function="f",le="0.1"} 90.0
+shoal_replica_request_duration_seconds_bucket{function="f",le="+Inf"} 100.0
+shoal_replica_request_duration_seconds_count{function="f"} 100.0
+shoal_replica_request_duration_seconds_sum{function="f"} 3.0
+"""
+
+
+def test_parse_replica_metrics_and_rates():
+    stat = parse_replica_metrics(METRICS, "r1", at=10.0)
+    assert (stat.completed, stat.errors, stat.busy_s, stat.inflight) == (100.0, 10.0, 1.5, 3.0)
+    # 1.5 busy seconds over 10 s since a scrape at 0 s with 0 busy = 15 % duty
+    assert duty_cycle(ReplicaStat("r1", 0.0), stat) == pytest.approx(0.15)
+    # p95: rank 95 of 100 falls in (0.1, +Inf] -> the highest finite bound, 0.1
+    assert quantile(stat.latency_buckets, 0.95) == 0.1
+    # p50: rank 50 = exactly the 0.01 bucket's count -> 0.01
+    assert quantile(stat.latency_buckets, 0.5) == pytest.approx(0.01)
+    # p70: rank 70, between 50 (0.01) and 90 (0.1): 0.01 + 0.09 * 20/40 = 0.055
+    assert quantile(stat.latency_buckets, 0.7) == pytest.approx(0.055)

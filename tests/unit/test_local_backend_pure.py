@@ -1,0 +1,67 @@
+"""How the local backend enforces a slice: the replica's command line and environment,
+for CPU, GPU and emulated placements; and NVML discovery with a stand-in library."""
+
+from __future__ import annotations
+
+import sys
+import types
+from fractions import Fraction
+from pathlib import Path
+
+from autoscaler.placement import Device, Placement
+from deploy.backends.local import replica_argv, replica_env
+from deploy.inventory import discover_gpus
+from functions.spec import BatchingSpec, FunctionSpec
+
+SPEC = FunctionSpec("f", "sha256:" + "a" * 64 + "/m.onnx", batching=BatchingSpec(max_batch_size=8, max_queue_delay_ms=2))
+
+
+def test_gpu_slice_is_enforced_by_visible_devices_mps_and_memory():
+    gpu = Device("gpu:3", "gpu", 81920)
+    placement = Placement("f-1", gpu, Fraction(1, 4), 20480, ())
+    env = replica_env(placement)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"  # the replica sees only its GPU...
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"  # ...as device 0
+    argv = replica_argv(SPEC, placement, Path("/a/m.onnx"), "127.0.0.1", 9000, "/tmp/s.sock")
+    assert argv[argv.index("--device") + 1] == "gpu:0"
+    assert argv[argv.index("--slice") + 1] == "1/4:20480"  # the framework's memory limit
+    assert argv[argv.index("--uds") + 1] == "/tmp/s.sock"
+    assert argv[argv.index("--max-batch-size") + 1] == "8"
+
+
+def test_cpu_slice_is_enforced_by_affinity_and_hides_gpus():
+    cpu = Device("cpu:0", "cpu", 16384, cpus=(0, 1, 2, 3))
+    placement = Placement("f-1", cpu, Fraction(1, 2), 0, (2, 3))
+    assert replica_env(placement)["CUDA_VISIBLE_DEVICES"] == ""
+    argv = replica_argv(SPEC, placement, Path("/a/m.onnx"), "127.0.0.1", 9000)
+    assert argv[argv.index("--cpus") + 1] == "2,3" and argv[argv.index("--device") + 1] == "cpu"
+
+
+def test_emulated_placement_is_passed_through():
+    emu = Device("emulated:1", "emulated", 81920)
+    argv = replica_argv(SPEC, Placement("f-1", emu, Fraction(1, 8), 10240, ()), Path("/a/p.yaml"), "127.0.0.1", 9000)
+    assert argv[argv.index("--device") + 1] == "emulated:1"
+
+
+def test_nvml_discovery(monkeypatch):
+    class NVMLError(Exception):
+        pass
+
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * 2**30),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus = discover_gpus()
+    assert [(g.id, g.kind, g.memory_mib, g.name) for g in gpus] == [
+        ("gpu:0", "gpu", 81920, "NVIDIA H100 80GB HBM3"), ("gpu:1", "gpu", 81920, "NVIDIA H100 80GB HBM3")]
+
+    def no_driver():
+        raise NVMLError("Driver Not Loaded")
+
+    monkeypatch.setattr(fake, "nvmlInit", no_driver)
+    assert discover_gpus() == []  # no driver: the CPU is the inventory
