@@ -35,7 +35,7 @@ from deploy.backends.local import LocalBackend
 from deploy.inventory import discover_gpus, memory_mib, usable_cpus
 from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
 from functions.registry import FunctionRecord, NotFound, Registry
-from functions.spec import FunctionSpec
+from functions.spec import LIMITS, FunctionSpec
 from serving import __version__
 from serving.gateway import Gateway, GatewayConfig
 from serving.protocol.codec import dumps, error_body
@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shoal up: endpoint http://{host}:{port}  token {Path(args.state_dir).resolve() / 'token'}  devices {devices}",
           flush=True)
     config = uvicorn.Config(plane, http="httptools", ws="none", lifespan="on", log_level="warning",
-                            access_log=False, server_header=False, timeout_graceful_shutdown=30,
+                            access_log=False, server_header=False,
+                            timeout_graceful_shutdown=int(LIMITS.graceful_shutdown_s),
                             proxy_headers=False)
     server = uvicorn.Server(config)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -69,6 +69,26 @@ class BatchingSpec:
         return self.max_queue_delay_ms / 1000.0
 
 
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """Limits every listener applies (replica and gateway): body size, how long a
+    request may take, how long a graceful shutdown may drain."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    request_timeout_s: float = 60.0
+    graceful_shutdown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise SpecError(f"max_body_bytes ({self.max_body_bytes}) must be >= 1024")
+        if self.request_timeout_s <= 0:
+            raise SpecError(f"request_timeout_s ({self.request_timeout_s}) must be > 0")
+        if self.graceful_shutdown_s < 0:
+            raise SpecError(f"graceful_shutdown_s ({self.graceful_shutdown_s}) must be >= 0")
+
+
+LIMITS = ServingLimits()
+
 SLICE_RE = re.compile(r"^(?P<num>\d+)/(?P<den>\d+)$")
 
 
@@ -166,7 +186,7 @@ def spec_defaults() -> dict[str, dict[str, Any]]:
     """Every default, by section: what the example config must parse to."""
     return {
         cls.__name__: {f.name: getattr(cls(), f.name) for f in fields(cls)}
-        for cls in (BatchingSpec, SliceRequest, ScalingSpec)
+        for cls in (BatchingSpec, SliceRequest, ScalingSpec, ServingLimits)
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from functions.spec import BatchingSpec
+from functions.spec import LIMITS, BatchingSpec
 from serving import __version__
 from serving.batch_loop import BatchLoop, Pending
 from serving.executor import SliceExecutor
@@ -46,7 +46,7 @@ class DataPlane:
         executor: SliceExecutor,
         metrics: ReplicaMetrics,
         batching: BatchingSpec,
-        request_timeout_s: float = 60.0,
+        request_timeout_s: float = LIMITS.request_timeout_s,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.model = model

@@ -31,6 +31,7 @@ from typing import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from functions.spec import LIMITS
 from serving.metrics import LATENCY_BUCKETS_S
 from serving.protocol.codec import error_body
 from serving.protocol.errors import (
@@ -65,8 +66,8 @@ PHASES = ("queue_wait", "spawn", "load", "first_inference")
 class GatewayConfig:
     max_held_per_function: int = 256
     hold_timeout_s: float = 30.0
-    request_timeout_s: float = 60.0
-    max_body_bytes: int = 64 * 1024 * 1024
+    request_timeout_s: float = LIMITS.request_timeout_s
+    max_body_bytes: int = LIMITS.max_body_bytes
     max_retries: int = 2
 
 

@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from functions.spec import BatchingSpec, SliceRequest, SpecError, validate_name
+from functions.spec import LIMITS, BatchingSpec, ServingLimits, SliceRequest, SpecError, validate_name
 from serving.executor import SliceExecutor, apply_binding, bind_slice, parse_cpus
 from serving.protocol.codec import (
     binary_output_names,
@@ -53,7 +53,7 @@ log = logging.getLogger("shoal.replica")
 
 JSON = b"application/json"
 OCTET = b"application/octet-stream"
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = LIMITS.max_body_bytes
 
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preferred-batch-sizes", default="", help="comma-separated, e.g. '4,8'")
     p.add_argument("--max-queue", type=int, default=batching.max_queue_requests, help="requests waiting before 503")
     p.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
-    p.add_argument("--request-timeout-s", type=float, default=60.0)
+    p.add_argument("--request-timeout-s", type=float, default=LIMITS.request_timeout_s)
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -333,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         batching = BatchingSpec(
             max_batch_size=args.max_batch_size,
             max_queue_delay_ms=args.max_queue_delay_ms,
-            preferred_batch_sizes=tuple(int(x) for x in args.preferred_batch_sizes.split(",") if x.strip()),
+            preferred_batch_sizes=_sizes(args.preferred_batch_sizes),
             max_queue_requests=args.max_queue,
         )
+        ServingLimits(int(args.max_body_mib * 2**20), args.request_timeout_s)  # validates both
         device = default_device() if args.device == "auto" else args.device
         binding = bind_slice(slice_request, device, parse_cpus(args.cpus), usable_cpus())
     except (SpecError, ValueError) as exc:
@@ -343,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     apply_binding(binding)  # before any framework starts threads
     return _serve(args, name, binding, batching)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecError(f"--preferred-batch-sizes {text!r} must be integers separated by commas, e.g. 4,8") from None
 
 
 def usable_cpus() -> int:
@@ -421,7 +429,7 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sockets, lo
 
     config = uvicorn.Config(
         app, loop="none", http="httptools", ws="none", lifespan="on", log_level=log_level, access_log=False,
-        server_header=False, date_header=False, timeout_graceful_shutdown=30, backlog=2048,
+        server_header=False, date_header=False, timeout_graceful_shutdown=int(LIMITS.graceful_shutdown_s), backlog=2048,
         proxy_headers=False,
     )
     server = uvicorn.Server(config)

@@ -76,3 +76,4 @@ def test_function_spec_defaults():
         "max_batch_size": 1, "max_queue_delay_ms": 0.0, "preferred_batch_sizes": (), "max_queue_requests": 1024,
     }
     assert defaults["ScalingSpec"]["idle_to_zero_s"] == 60.0
+    assert defaults["ServingLimits"] == {"max_body_bytes": 64 * 2**20, "request_timeout_s": 60.0, "graceful_shutdown_s": 30.0}
