@@ -149,15 +149,21 @@ class Controller:
         self._wake.set()
 
     async def run(self) -> None:
+        last_full = self.clock()
         while not self._stopping:
+            timeout = max(0.0, last_full + self.config.tick_s - self.clock())
             try:
-                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+                await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
             poked, self._poked = self._poked, set()
+            # pokes reconcile their functions at once, but never starve the others' tick
+            full = self.clock() - last_full >= self.config.tick_s
+            if full:
+                last_full = self.clock()
             try:
-                await self.tick(only=poked or None)
+                await self.tick(only=None if full else poked)
             except Exception:  # a bad tick must not stop the control loop
                 log.exception("controller tick failed")
 
@@ -244,24 +250,31 @@ class Controller:
         if isinstance(placed, Unplaceable):
             message = f"cannot place a replica of {name}: {placed.message}"
             self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
-            self._back_off(name)
-            self.router.fail_waiters(name, message)
+            if not self._live(name):  # nothing else will serve the held requests: say so now
+                self._back_off(name)
+                self.router.fail_waiters(name, message)
             return None
         self.inventory = self.inventory.allocate(placed)
         replica = Replica(replica_id, name, revision, placed, created_at=self.clock())
         self.replicas[replica_id] = replica
         try:
             replica.handle = await self.backend.create(replica_id, spec, placed)
-            live_s, ready_s = await self.backend.wait_ready(replica.handle, self.config.ready_timeout_s)
+            if replica.state == "starting":
+                live_s, ready_s = await self.backend.wait_ready(replica.handle, self.config.ready_timeout_s)
         except Exception as exc:
+            if replica.state != "starting":  # stopped on purpose while starting: not a failure
+                await self._finish_stop(replica, "stopped while starting")
+                return None
             message = f"replica {replica_id} failed to start: {exc}"
             await self._fail(replica, message)
-            self._back_off(name)
-            self.router.fail_waiters(name, message)
+            if not self._live(name):
+                self._back_off(name)
+                self.router.fail_waiters(name, message)
+            return None
+        if replica.state != "starting":  # stopped while it was starting
+            await self._finish_stop(replica, "stopped while starting")
             return None
         self.failures.pop(name, None)
-        if replica.state != "starting":  # stopped while it was starting
-            return replica
         replica.state, replica.ready_at = "ready", self.clock()
         self.cold_starts[name] = ready_s
         self.router.add_endpoint(name, replica_id, replica.handle.host, replica.handle.port,
@@ -283,11 +296,15 @@ class Controller:
             return
         was_ready = replica.state == "ready"
         replica.state = "draining"
-        if was_ready:
-            drained = await self.router.drain_endpoint(replica.function, replica.id, self.config.drain_timeout_s)
-            if not drained:
-                log.warning("%s did not drain in %.0f s", replica.id, self.config.drain_timeout_s)
-            self.router.remove_endpoint(replica.function, replica.id)
+        if not was_ready:
+            return  # still starting: start_replica sees the state and finishes the stop
+        drained = await self.router.drain_endpoint(replica.function, replica.id, self.config.drain_timeout_s)
+        if not drained:
+            log.warning("%s did not drain in %.0f s", replica.id, self.config.drain_timeout_s)
+        self.router.remove_endpoint(replica.function, replica.id)
+        await self._finish_stop(replica, reason)
+
+    async def _finish_stop(self, replica: Replica, reason: str) -> None:
         if replica.handle is not None:
             await self.backend.stop(replica.handle, self.config.stop_grace_s)
         replica.state = "stopped"

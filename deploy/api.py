@@ -41,7 +41,8 @@ def check_token(header: str | None, token: str) -> ApiError | None:
         return ApiError(401, "missing bearer token: pass --token, SHOAL_TOKEN or the token file of shoal up",
                         {"WWW-Authenticate": 'Bearer realm="shoal"'})
     scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+    value = value.strip()
+    if scheme.lower() != "bearer" or not token or not value or not hmac.compare_digest(value.encode(), token.encode()):
         return ApiError(403, "invalid bearer token")
     return None
 

@@ -49,7 +49,10 @@ def ensure_token(state_dir: Path) -> str:
     path = state_dir / "token"
     if path.exists():
         os.chmod(path, 0o600)
-        return path.read_text().strip()
+        token = path.read_text().strip()
+        if len(token) >= 16:
+            return token
+        path.unlink()  # empty or too short to be a secret: make a real one
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -168,6 +171,7 @@ class ControlPlane:
     def put_function(self, spec: FunctionSpec) -> FunctionRecord:
         record = self.registry.put_function(spec, time.time())
         self.source.changed()
+        self.gateway.invalidate(spec.name)
         self.event("deploy", f"{spec.name} revision {record.revision} ({spec.artifact.rsplit('/', 1)[-1]}, "
                    f"slice {spec.slice.name}, min {spec.scaling.min_replicas} max {spec.scaling.max_replicas})",
                    function=spec.name, data={"revision": record.revision})
@@ -177,6 +181,7 @@ class ControlPlane:
     def delete_function(self, name: str) -> None:
         self.registry.delete_function(name)
         self.source.changed()
+        self.gateway.invalidate(name)
         self.event("delete", f"{name} removed", function=name)
         self.controller.poke(name)
 

@@ -102,7 +102,9 @@ class Registry:
             row = self.db.execute("SELECT revision, spec, created_at FROM functions WHERE name = ?", (spec.name,)).fetchone()
             if row and row[1] == doc:
                 return self.get_function(spec.name)
-            revision = (row[0] + 1) if row else 1
+            # revisions are never reused, even after the function was deleted and deployed again
+            last = self.db.execute("SELECT MAX(revision) FROM revisions WHERE name = ?", (spec.name,)).fetchone()[0]
+            revision = (last or 0) + 1
             created = row[2] if row else now
             self.db.execute(
                 "INSERT OR REPLACE INTO functions (name, revision, spec, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",

@@ -37,6 +37,7 @@ from serving.protocol.codec import error_body
 from serving.protocol.errors import (
     InferenceError,
     InferenceTimeout,
+    InvalidInput,
     ModelNotFound,
     Overloaded,
     PayloadTooLarge,
@@ -65,6 +66,7 @@ PHASES = ("queue_wait", "spawn", "load", "first_inference")
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     max_held_per_function: int = 256
+    max_held_bytes_per_function: int = 256 * 1024 * 1024
     hold_timeout_s: float = 30.0
     request_timeout_s: float = LIMITS.request_timeout_s
     max_body_bytes: int = LIMITS.max_body_bytes
@@ -95,7 +97,8 @@ class Route:
     function: str
     endpoints: list[Endpoint] = field(default_factory=list)
     waiters: collections.deque = field(default_factory=collections.deque)
-    metadata: dict[str, bytes] = field(default_factory=dict)  # cached GET bodies, by path
+    metadata: dict[str, bytes] = field(default_factory=dict)  # cached model metadata, by path
+    held_bytes: int = 0
 
     def ready(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.draining]
@@ -202,6 +205,12 @@ class Gateway:
                 waiter.set_exception(ModelNotFound(function))
         self.metrics.queue.remove(function)
 
+    def invalidate(self, function: str) -> None:
+        """The function changed (a new revision): forget what was cached about it."""
+        route = self.routes.get(function)
+        if route is not None:
+            route.metadata.clear()
+
     def fail_waiters(self, function: str, message: str) -> None:
         """A replica could not start: answer the held requests now (503) instead of
         letting them wait out the hold timeout."""
@@ -253,9 +262,8 @@ class Gateway:
         self.metrics.count(label, status, self._clock() - start)
 
     async def _dispatch(self, scope, receive, function, headers, start):
-        method, path = scope["method"], scope["path"]
-        if scope.get("query_string"):
-            path = f"{path}?{scope['query_string'].decode('latin-1')}"
+        method = scope["method"]
+        path = _raw_target(scope)
         route = self.route(function)
         if method == "GET" and path in route.metadata:
             return 200, [(b"content-type", b"application/json")], route.metadata[path]
@@ -265,43 +273,44 @@ class Gateway:
         tried: set[str] = set()
         waited = 0.0
         for attempt in range(self.config.max_retries + 1):
-            endpoint, held_s = await self._pick(route, deadline, exclude=tried)
+            endpoint, held_s = await self._pick(route, deadline, exclude=tried, size=len(body))
             waited += held_s
             sent_at = self._clock()
             try:
                 response = await self._send(endpoint, method, path, forward, body)
             except UpstreamUnavailable as exc:
                 tried.add(endpoint.replica)
+                if exc.retryable:
+                    # nothing answers there: route around it and let the controller replace it
+                    endpoint.draining = True
+                    self._poke(function)
                 if not exc.retryable or attempt == self.config.max_retries:
-                    raise InferenceError(f"replica failed: {exc}") from None
+                    raise BadGateway(f"replica {endpoint.replica} failed: {exc}") from None
                 self.metrics.retries.labels(function).inc()
                 continue
             out = [(k, v) for k, v in response.headers if k not in HOP_BY_HOP]
             if waited > 0:
                 service_s = self._clock() - sent_at
                 out.append((b"shoal-cold-start", self._observe_cold(function, endpoint, waited, service_s).encode()))
-            if method == "GET" and response.status == 200 and "/versions/" not in path and path.endswith(function):
+            if method == "GET" and response.status == 200 and path == f"/v2/models/{function}":
                 route.metadata[path] = response.body  # model metadata: answerable while scaled to zero
             return response.status, out, response.body
         raise AssertionError("unreachable")
 
-    async def _pick(self, route: Route, deadline: float, exclude: set[str]) -> tuple[Endpoint, float]:
+    async def _pick(self, route: Route, deadline: float, exclude: set[str], size: int = 0) -> tuple[Endpoint, float]:
         """The least loaded ready replica, waiting for one (bounded) when there is none."""
         held_at = None
         while True:
-            candidates = [e for e in route.ready() if e.replica not in exclude] or route.ready()
+            candidates = [e for e in route.ready() if e.replica not in exclude]
             if candidates:
                 waited = 0.0 if held_at is None else self._clock() - held_at
                 return min(candidates, key=lambda e: (e.outstanding, random.random())), waited
-            if len(route.waiters) >= self.config.max_held_per_function:
-                raise Overloaded(
-                    f"function {route.function!r} has {len(route.waiters)} requests waiting for a replica "
-                    f"(limit {self.config.max_held_per_function}); retry later"
-                )
+            self._check_room(route, size)
             if held_at is None:
                 held_at = self._clock()
             waiter = asyncio.get_running_loop().create_future()
             route.waiters.append(waiter)
+            route.held_bytes += size
             self._poke(route.function)
             remaining = deadline - self._clock()
             try:
@@ -311,8 +320,22 @@ class Gateway:
                     f"no replica of {route.function!r} became ready within {self.config.hold_timeout_s:g} s"
                 ) from None
             finally:
+                route.held_bytes -= size
                 if waiter in route.waiters:
                     route.waiters.remove(waiter)
+
+    def _check_room(self, route: Route, size: int) -> None:
+        """Held requests are bounded in count and in bytes, per function."""
+        if len(route.waiters) >= self.config.max_held_per_function:
+            raise Overloaded(
+                f"function {route.function!r} has {len(route.waiters)} requests waiting for a replica "
+                f"(limit {self.config.max_held_per_function}); retry later"
+            )
+        if route.held_bytes + size > self.config.max_held_bytes_per_function:
+            raise Overloaded(
+                f"function {route.function!r} holds {route.held_bytes} bytes of waiting requests "
+                f"(limit {self.config.max_held_bytes_per_function}); retry later"
+            )
 
     async def _send(self, endpoint: Endpoint, method, path, headers, body):
         endpoint.outstanding += 1
@@ -340,6 +363,23 @@ class Gateway:
             m.labels(function, "first_inference").observe(service_s)
             parts.append(f"first_inference={service_s:.4f}")
         return ", ".join(parts)
+
+
+class BadGateway(InferenceError):
+    """The replica failed while answering."""
+
+    status = 502
+
+
+def _raw_target(scope: dict) -> str:
+    """The request target as the client sent it (still percent-encoded), so a decoded
+    CR, LF or space can never reach the request line sent to a replica."""
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query = scope.get("query_string") or b""
+    target = raw + (b"?" + query if query else b"")
+    if any(b <= 0x20 or b == 0x7F for b in target):
+        raise InvalidInput("request target contains control characters or spaces")
+    return target.decode("latin-1")
 
 
 def _function_of(path: str) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-     b"proxy-connection", b"host", b"content-length"}
+     b"proxy-connection", b"host", b"content-length", b"expect"}
 )
 
 
@@ -60,7 +60,9 @@ class UpstreamPool:
                 writer.close()
                 if reused and attempt == 0:
                     continue  # the replica closed an idle connection: try a fresh one
-                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", True) from None
+                # on a fresh connection the replica may have read the request and died on it:
+                # sending it to another replica could crash that one too
+                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", False) from None
             except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 writer.close()
                 raise UpstreamUnavailable(f"replica {self.host}:{self.port} failed mid-response: {exc!r}", False) from None
@@ -90,23 +92,32 @@ class UpstreamPool:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"content-length: %d\r\n\r\n" % len(body))
         writer.write(b"".join(head) + body)
-        try:
-            status_line = await reader.readline()
-        except (ConnectionError, OSError) as exc:
-            raise _NothingRead(repr(exc)) from None
-        if not status_line:
-            raise _NothingRead("EOF before the status line")
-        status = int(status_line.split(b" ", 2)[1])
-        head = await reader.readuntil(b"\r\n\r\n") if not status_line.endswith(b"\r\n\r\n") else b"\r\n"
-        response_headers, length, chunked, close = _parse_headers(head)
-        if chunked:
+        while True:
+            try:
+                status_line = await reader.readline()
+            except (ConnectionError, OSError) as exc:
+                raise _NothingRead(repr(exc)) from None
+            if not status_line:
+                raise _NothingRead("EOF before the status line")
+            if not status_line.startswith(b"HTTP/1."):
+                raise ValueError(f"malformed status line {status_line[:40]!r}")
+            status = int(status_line.split(b" ", 2)[1])
+            response_headers, length, chunked, close = _parse_headers(await reader.readuntil(b"\r\n\r\n"))
+            if not 100 <= status < 200:  # skip interim responses (100 Continue)
+                break
+        if method == "HEAD" or status in (204, 304):
+            payload = b""
+        elif chunked:
             payload = await _read_chunked(reader)
         else:
             payload = await reader.readexactly(length) if length else b""
         return UpstreamResponse(status, response_headers, payload) if not close else _Closing(status, response_headers, payload)
 
     def _release(self, reader, writer, response: UpstreamResponse) -> None:
-        if isinstance(response, _Closing) or self.closed or len(self._idle) >= self.max_idle:
+        # bytes left in the buffer mean the replica sent more than one response:
+        # such a connection is out of step and must not serve another request
+        leftover = len(getattr(reader, "_buffer", b""))
+        if isinstance(response, _Closing) or leftover or self.closed or len(self._idle) >= self.max_idle:
             writer.close()
         else:
             self._idle.append((reader, writer))
@@ -134,7 +145,9 @@ def _parse_headers(head: bytes):
     for line in head.split(b"\r\n"):
         if not line:
             continue
-        name, _, value = line.partition(b":")
+        name, colon, value = line.partition(b":")
+        if not colon:
+            raise ValueError(f"malformed response header {line[:40]!r}")
         name, value = name.strip().lower(), value.strip()
         if name == b"content-length":
             length = int(value)

@@ -113,16 +113,21 @@ class LocalBackend:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="shoal-"))
 
     async def start(self) -> None:
-        self._zygote = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "deploy.backends.zygote",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=open(self.log_dir / "zygote.log", "ab"),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        self._http = httpx.AsyncClient(timeout=2.0)
+        await self._start_zygote()
+
+    async def _start_zygote(self) -> None:
+        # its own session: a Ctrl-C in the terminal reaches shoal up alone, which drains
+        # replicas before it stops them, instead of killing every replica at once
+        with open(self.log_dir / "zygote.log", "ab") as log_file:
+            self._zygote = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "deploy.backends.zygote",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            )
         hello = json.loads(await asyncio.wait_for(self._zygote.stdout.readline(), 60))
         assert hello["op"] == "hello", hello
         self._reader = asyncio.get_running_loop().create_task(self._read_zygote())
-        self._http = httpx.AsyncClient(timeout=2.0)
 
     async def _read_zygote(self) -> None:
         assert self._zygote is not None
@@ -139,8 +144,18 @@ class LocalBackend:
                 else:
                     replica.exit_code = message["code"]
                     replica.exited.set()
+        # its replicas died with it (PR_SET_PDEATHSIG): say so, so that the controller replaces them
+        for replica in list(self._by_pid.values()):
+            replica.exit_code = -9
+            replica.exited.set()
+        self._by_pid.clear()
+        for future in self._spawned.values():
+            if not future.done():
+                future.set_exception(ReplicaStartError("the zygote exited"))
+        self._spawned.clear()
         if not self._closing:
-            log.error("the zygote exited unexpectedly; replicas cannot start until shoal up restarts")
+            log.error("the zygote exited unexpectedly; starting a new one")
+            asyncio.get_running_loop().create_task(self._start_zygote())
 
     def _command(self, message: dict) -> None:
         assert self._zygote is not None and self._zygote.stdin is not None

@@ -147,6 +147,7 @@ def serve() -> None:
 
 def main() -> None:
     parent = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # shoal up decides when replicas stop
     die_with_parent()
     if os.getppid() != parent:  # the control plane died before prctl took hold
         sys.exit(1)

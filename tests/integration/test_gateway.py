@@ -121,11 +121,14 @@ def test_connection_refused_is_retried_on_another_replica(monkeypatch):
         results = [await Scope(gateway).call() for _ in range(6)]
         server.close()
         retries = gateway.metrics.retries.labels("f")._value.get()
-        return [r[0] for r in results], len(served), retries
+        dead = next(e for e in gateway.routes["f"].endpoints if e.replica == "dead")
+        return [r[0] for r in results], len(served), retries, dead.draining
 
-    codes, served, retries = asyncio.run(scenario())
+    codes, served, retries, dead_draining = asyncio.run(scenario())
     assert codes == [200] * 6 and served == 6
-    assert retries == 6  # each request tried the dead replica first, then the live one
+    # the first request tried the dead replica, then the live one; after that the dead
+    # one takes no more traffic (until the controller replaces it)
+    assert retries == 1 and dead_draining
 
 
 def test_drain_waits_for_in_flight_requests():

@@ -141,7 +141,7 @@ latency_ms: {1: %s}
 
 def test_full_queue_answers_503_with_retry_after(tmp_path, replica_factory):
     profile = tmp_path / "slow.yaml"
-    profile.write_text(PROFILE % 300)
+    profile.write_text(PROFILE % 1000)  # long enough that all six overlap even on a loaded machine
     replica = replica_factory(profile, "--name", "slow", "--max-queue", "1", "--max-batch-size", "1")
     body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 
