@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, bucket_delta, duty_cycle, merge_buckets, quantile, request_rate
 from autoscaler.placement import Demand, Inventory, Placement, Unplaceable, place
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from functions.spec import FunctionSpec
+from functions.spec import LIMITS, FunctionSpec
 
 log = logging.getLogger("shoal.controller")
 
@@ -90,8 +90,16 @@ class Replica:
 class ControllerConfig:
     tick_s: float = 1.0
     ready_timeout_s: float = 120.0
-    drain_timeout_s: float = 30.0
-    stop_grace_s: float = 30.0
+    # a drain must outlast the longest request, or scale-down would cut requests off
+    drain_timeout_s: float = LIMITS.request_timeout_s + 5.0
+    stop_grace_s: float = LIMITS.graceful_shutdown_s
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout_s < LIMITS.request_timeout_s:
+            raise ValueError(f"drain_timeout_s ({self.drain_timeout_s}) must be >= request_timeout_s "
+                             f"({LIMITS.request_timeout_s})")
+        if self.tick_s <= 0:
+            raise ValueError(f"tick_s ({self.tick_s}) must be > 0")
 
 
 class ControllerMetrics:
@@ -182,10 +190,6 @@ class Controller:
         decision, self.policy_state[name] = decide(snapshot, spec.scaling, state, now)
         mine = self._live(name)
         current = len(mine)
-        if decision.desired != current:
-            self.metrics.decisions.labels(name, decision.reason).inc()
-            self.events("scale", f"{current} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
-                        function=name, data={"from": current, "to": decision.desired, "reason": decision.reason})
         self.last_decision[name] = decision
         count, not_before = self.failures.get(name, (0, 0.0))
         if decision.desired > current and now < not_before:
@@ -193,6 +197,10 @@ class Controller:
             self.router.fail_waiters(name, f"function {name!r} could not start a replica moments ago; "
                                            f"retrying in {not_before - now:.0f} s (see shoal events {name})")
             return
+        if decision.desired != current:  # an event only when something is done
+            self.metrics.decisions.labels(name, decision.reason).inc()
+            self.events("scale", f"{current} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
+                        function=name, data={"from": current, "to": decision.desired, "reason": decision.reason})
         for _ in range(decision.desired - current):
             self._spawn_task(self.start_replica(name, spec, revision))
         if decision.desired < current:

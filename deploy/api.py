@@ -27,6 +27,7 @@ from functions.registry import NotFound
 from functions.spec import SpecError, spec_from_dict, validate_name
 
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
+MAX_SPEC_BYTES = 1024 * 1024
 
 
 class ApiError(Exception):
@@ -79,6 +80,10 @@ def create_api(plane) -> FastAPI:
     @app.put("/api/v1/functions/{name}")
     async def put_function(name: str, request: Request) -> dict[str, Any]:
         validate_name(name)
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > MAX_SPEC_BYTES:
+            raise ApiError(413 if declared.isdigit() else 411,
+                           f"a function spec needs a Content-Length of at most {MAX_SPEC_BYTES} bytes")
         try:
             doc = await request.json()
         except ValueError:

@@ -60,6 +60,19 @@ def ensure_token(state_dir: Path) -> str:
     return token
 
 
+def lock_state_dir(state_dir: Path):
+    """One control plane per state directory: a second `shoal up` on it is refused."""
+    import fcntl
+
+    handle = open(state_dir / "lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ValueError(f"{state_dir} is in use by another shoal up (its lock file is held)") from None
+    return handle
+
+
 class RegistrySource:
     """The controller's view of the registry (cached; refreshed on every change)."""
 
@@ -98,8 +111,10 @@ class ControlPlane:
                  gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig(),
                  max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES):
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.state_dir, 0o700)
+        if not self.state_dir.exists():
+            self.state_dir.mkdir(parents=True)
+            os.chmod(self.state_dir, 0o700)
+        self._lock = lock_state_dir(self.state_dir)
         self.token = ensure_token(self.state_dir)
         self.registry = Registry(self.state_dir / "registry.db")
         self.store = ArtifactStore(self.state_dir / "artifacts", max_artifact_bytes)
@@ -250,7 +265,8 @@ class ControlPlane:
 
 
 def _cold_count(registry: CollectorRegistry, function: str) -> int:
-    value = registry.get_sample_value("shoal_cold_start_seconds_count", {"function": function, "phase": "queue_wait"})
+    """Cold starts: replicas started while requests waited (one spawn phase each)."""
+    value = registry.get_sample_value("shoal_cold_start_seconds_count", {"function": function, "phase": "spawn"})
     return int(value or 0)
 
 

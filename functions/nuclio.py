@@ -53,7 +53,13 @@ def from_function_yaml(text: str, name: str) -> PreparedArtifact:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"function.yaml is not valid YAML: {exc}") from None
-    source = ((doc or {}).get("spec", {}).get("build", {}) or {}).get("functionSourceCode")
+    if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict):
+        raise SpecError("function.yaml must be a mapping with a 'spec' section (a NuclioFunction)")
+    handler = str(doc["spec"].get("handler") or "main:handler")
+    if handler.rpartition(":")[2] != "handler":
+        raise SpecError(f"function.yaml: spec.handler {handler!r} names a function other than 'handler'; "
+                        "Shoal calls handler(context, event)")
+    source = (doc["spec"].get("build") or {}).get("functionSourceCode")
     if not source:
         raise SpecError("function.yaml has no spec.build.functionSourceCode: only inline Python functions are supported")
     try:
@@ -66,10 +72,12 @@ def from_function_yaml(text: str, name: str) -> PreparedArtifact:
 def _hints(config: dict) -> dict[str, Any]:
     spec = (config or {}).get("spec", {}) or {}
     hints = {}
-    if "minReplicas" in spec:
-        hints["min_replicas"] = int(spec["minReplicas"])
-    if "maxReplicas" in spec:
-        hints["max_replicas"] = int(spec["maxReplicas"])
+    for key, hint in (("minReplicas", "min_replicas"), ("maxReplicas", "max_replicas")):
+        if key in spec:
+            try:
+                hints[hint] = int(spec[key])
+            except (TypeError, ValueError):
+                raise SpecError(f"function.yaml: spec.{key} {spec[key]!r} must be an integer") from None
     return hints
 
 

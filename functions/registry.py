@@ -148,14 +148,14 @@ class Registry:
         return int(cur.lastrowid)
 
     def events(self, function: str | None = None, after_id: int = 0, limit: int = 200) -> list[Event]:
-        if function is None:
-            rows = self.db.execute(
-                "SELECT id, at, function, kind, message, data FROM events WHERE id > ? ORDER BY id DESC LIMIT ?",
-                (after_id, limit),
-            ).fetchall()
-        else:
-            rows = self.db.execute(
-                "SELECT id, at, function, kind, message, data FROM events WHERE function = ? AND id > ? "
-                "ORDER BY id DESC LIMIT ?", (function, after_id, limit),
-            ).fetchall()
-        return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else None) for r in reversed(rows)]
+        """Events in order: after `after_id` the next `limit` (paging never skips one);
+        with no `after_id`, the newest `limit`."""
+        where, args = ("id > ?", [after_id]) if function is None else ("function = ? AND id > ?", [function, after_id])
+        order = "ASC" if after_id else "DESC"
+        rows = self.db.execute(
+            f"SELECT id, at, function, kind, message, data FROM events WHERE {where} ORDER BY id {order} LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        if order == "DESC":
+            rows.reverse()
+        return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else None) for r in rows]

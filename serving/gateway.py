@@ -162,6 +162,8 @@ class Gateway:
         spawn_s/load_s: how long it took to start and load, when it was a cold start."""
         route = self.route(function)
         cold = ColdStart(spawn_s, load_s) if spawn_s is not None and load_s is not None else None
+        if not route.waiters:
+            cold = None  # a scale-out nobody waited for is not a cold start
         endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), cold)
         endpoint.idle.set()
         route.endpoints.append(endpoint)
@@ -354,7 +356,7 @@ class Gateway:
     def _observe_cold(self, function: str, endpoint: Endpoint, waited: float, service_s: float) -> str:
         """Record the phases of a cold start this request waited for; the header value."""
         m = self.metrics.cold
-        m.labels(function, "queue_wait").observe(waited)
+        m.labels(function, "queue_wait").observe(waited)  # per request that waited
         parts = [f"queue_wait={waited:.4f}"]
         if endpoint.cold is not None:
             parts += [f"spawn={endpoint.cold.spawn_s:.4f}", f"load={endpoint.cold.load_s:.4f}"]

@@ -63,7 +63,7 @@ class UpstreamPool:
                 # on a fresh connection the replica may have read the request and died on it:
                 # sending it to another replica could crash that one too
                 raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", False) from None
-            except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
                 writer.close()
                 raise UpstreamUnavailable(f"replica {self.host}:{self.port} failed mid-response: {exc!r}", False) from None
             except BaseException:
@@ -109,8 +109,10 @@ class UpstreamPool:
             payload = b""
         elif chunked:
             payload = await _read_chunked(reader)
-        else:
+        elif length is not None:
             payload = await reader.readexactly(length) if length else b""
+        else:  # neither length nor chunks: the body runs to the end of the connection
+            payload, close = await reader.read(), True
         return UpstreamResponse(status, response_headers, payload) if not close else _Closing(status, response_headers, payload)
 
     def _release(self, reader, writer, response: UpstreamResponse) -> None:
@@ -140,7 +142,7 @@ class _Closing(UpstreamResponse):
 def _parse_headers(head: bytes):
     """Headers of a response, read in one piece up to the blank line."""
     headers: list[tuple[bytes, bytes]] = []
-    length = 0
+    length = None
     chunked = close = False
     for line in head.split(b"\r\n"):
         if not line:
@@ -165,7 +167,8 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     while True:
         size = int((await reader.readline()).split(b";")[0].strip(), 16)
         if size == 0:
-            await reader.readline()
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass  # trailers, up to the blank line that ends the message
             return b"".join(parts)
         parts.append(await reader.readexactly(size))
         await reader.readline()

@@ -46,6 +46,18 @@ class LocalReplica:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _socket_dir(state_dir: Path) -> Path:
+    """Where replicas' Unix sockets live: under the state directory, unless its path is
+    too long for sun_path (108 bytes with the socket's name), then a private temp dir.
+    Sockets left by a killed control plane are removed at start."""
+    path = state_dir.resolve() / "sockets"
+    if len(str(path)) > 70:
+        return Path(tempfile.mkdtemp(prefix="shoal-"))
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700, parents=True)
+    return path
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -109,8 +121,7 @@ class LocalBackend:
         self._early_exits: dict[int, int] = {}
         self._http: httpx.AsyncClient | None = None
         self._closing = False
-        # Unix sockets for gateway -> replica; a short path (sun_path holds 108 bytes)
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="shoal-"))
+        self.socket_dir = _socket_dir(self.state_dir)
 
     async def start(self) -> None:
         self._http = httpx.AsyncClient(timeout=2.0)
@@ -187,16 +198,19 @@ class LocalBackend:
         while self.clock() < deadline:
             if replica.exited.is_set():
                 raise ReplicaStartError(f"exited with status {replica.exit_code}: {self.log_tail(replica)}")
+            # every 3 ms at first (most replicas are ready in tens of ms), backing off to
+            # 50 ms so a slow model load is not slowed further by the polling
+            pause = min(0.05, 0.003 + 0.01 * (self.clock() - replica.created_at))
             try:
                 response = await self._http.get(url)
             except httpx.TransportError:
-                await asyncio.sleep(0.003)
+                await asyncio.sleep(pause)
                 continue
             now = self.clock() - replica.created_at
             live_s = now if live_s is None else live_s
             if response.status_code == 200:
                 return live_s, now
-            await asyncio.sleep(0.003)
+            await asyncio.sleep(pause)
         raise ReplicaStartError(f"not ready within {timeout_s:g} s: {self.log_tail(replica)}")
 
     async def stop(self, replica: LocalReplica, grace_s: float) -> None:

@@ -62,35 +62,42 @@ def _send(message: dict) -> None:
 
 
 def _child(command: dict, parent: int) -> None:
-    """In the forked replica: detach from the zygote's pipes, then run the replica."""
-    die_with_parent()
-    if os.getppid() != parent:  # the zygote died between fork and prctl
-        os._exit(1)
-    log = os.open(command.get("log", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    os.environ.update(command.get("env", {}))
+    """In the forked replica: detach from the zygote's pipes, then run the replica.
+    Whatever happens, this never returns into the zygote's loop."""
     code = 1
     try:
+        die_with_parent()
+        if os.getppid() != parent:  # the zygote died between fork and prctl
+            os._exit(1)
+        os.setsid()  # its own session: a terminal's Ctrl-C is for shoal up, which drains first
+        log = os.open(command.get("log", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.update(command.get("env", {}))
         from serving.replica import main
 
         code = main(command["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # report, never return into the zygote's loop
-        print(f"replica crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        try:
+            print(f"replica crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except Exception:
+            pass
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
 
 
 def _reap() -> None:
@@ -101,6 +108,7 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+        CHILDREN.discard(pid)
         _send({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
@@ -113,15 +121,22 @@ def _commands(buffer: bytearray):
             yield json.loads(line)
 
 
+CHILDREN: set[int] = set()
+
+
 def _handle(command: dict, me: int) -> None:
     if command["op"] == "spawn":
         pid = os.fork()
         if pid == 0:
             _child(command, me)
+        CHILDREN.add(pid)
         _send({"op": "spawned", "id": command["id"], "pid": pid})
     elif command["op"] == "signal":
+        pid = int(command["pid"])
+        if pid not in CHILDREN:  # only its own replicas: never 0, -1 or a stranger
+            return
         try:
-            os.kill(int(command["pid"]), int(command["signal"]))
+            os.kill(pid, int(command["signal"]))
         except ProcessLookupError:
             pass
 
