@@ -1,0 +1,1 @@
+"""Faithful re-implementations of peer autoscalers (Knative KPA, Ray Serve), for comparisons."""
