@@ -32,6 +32,7 @@ from typing import Awaitable, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from functions.spec import LIMITS
+from serving.asgi import read_body
 from serving.metrics import LATENCY_BUCKETS_S
 from serving.protocol.codec import error_body
 from serving.protocol.errors import (
@@ -40,7 +41,6 @@ from serving.protocol.errors import (
     InvalidInput,
     ModelNotFound,
     Overloaded,
-    PayloadTooLarge,
     RouteNotFound,
     message_of,
     status_of,
@@ -269,7 +269,7 @@ class Gateway:
         route = self.route(function)
         if method == "GET" and path in route.metadata:
             return 200, [(b"content-type", b"application/json")], route.metadata[path]
-        body = await _read_body(receive, self.config.max_body_bytes)
+        body = await read_body(receive, self.config.max_body_bytes, _header(headers, b"content-length"))
         forward = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and k != b"authorization"]
         deadline = start + self.config.hold_timeout_s
         tried: set[str] = set()
@@ -373,6 +373,11 @@ class BadGateway(InferenceError):
     status = 502
 
 
+def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return value.decode("latin-1") if value is not None else None
+
+
 def _raw_target(scope: dict) -> str:
     """The request target as the client sent it (still percent-encoded), so a decoded
     CR, LF or space can never reach the request line sent to a replica."""
@@ -391,18 +396,3 @@ def _function_of(path: str) -> str | None:
             name = rest.split("/", 1)[0].split(":", 1)[0]
             return name or None
     return None
-
-
-async def _read_body(receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InferenceError("client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from functions.spec import LIMITS, BatchingSpec, ServingLimits, SliceRequest, SpecError, validate_name
+from serving.asgi import read_body
 from serving.executor import SliceExecutor, apply_binding, bind_slice, parse_cpus
 from serving.protocol.codec import (
     binary_output_names,
@@ -38,7 +39,6 @@ from serving.protocol.codec import (
 )
 from serving.protocol.types import RawBody
 from serving.protocol.errors import (
-    ClientDisconnected,
     InferenceError,
     InvalidInput,
     MethodNotAllowed,
@@ -203,27 +203,10 @@ class ReplicaApp:
         m.count(status)
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
-        limit = self.max_body_bytes
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected("client disconnected before sending the whole body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = await read_body(receive, self.max_body_bytes, headers.get("content-length"))
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding not in ("identity", ""):
-            body = _decompress(body, encoding, limit)
+            body = _decompress(body, encoding, self.max_body_bytes)
         return body
 
 
@@ -268,6 +251,8 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
         raise InvalidInput(f"body is not valid {encoding}: {exc}") from None
     if len(out) > limit or d.unconsumed_tail:
         raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    if not d.eof or d.unused_data:
+        raise InvalidInput(f"body is not a complete {encoding} stream (truncated, or data after its end)")
     return out
 
 

@@ -26,6 +26,18 @@ def digits_onnx(tmp_path_factory) -> Path:
     return build_digits_onnx(tmp_path_factory.mktemp("models") / "digits.onnx")
 
 
+def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> int:
+    """Signal a process, wait for it, kill it if it takes longer than `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
 @dataclass
 class Replica:
     proc: subprocess.Popen
@@ -41,14 +53,7 @@ class Replica:
         return self.url.removeprefix("http://")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        return stop_process(self.proc, sig, timeout)
 
 
 def start_replica(artifact: Path | str, *args: str, ready_timeout: float = 60.0, wait_ready: bool = True) -> Replica:
@@ -122,14 +127,7 @@ class Plane:
         return Shoal(self.url, state_dir=self.state_dir)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        return stop_process(self.proc, sig, timeout)
 
 
 def start_plane(state_dir: Path, *args: str) -> Plane:

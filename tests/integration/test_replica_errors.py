@@ -63,6 +63,8 @@ BAD = [
     ("v1-explain-unsupported", "POST", "/v1/models/digits:explain", b"{}", {}, 404, "no route"),
     ("unknown-route", "GET", "/v3/whatever", b"", {}, 404, "no route"),
     ("bad-gzip", "POST", "/v2/models/digits/infer", b"not gzip", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+    ("truncated-gzip", "POST", "/v2/models/digits/infer", gzip.compress(b'{"inputs": []}')[:-6],
+     {"Content-Encoding": "gzip"}, 400, "not a complete gzip stream"),
     ("unknown-encoding", "POST", "/v2/models/digits/infer", b"x", {"Content-Encoding": "br"}, 415, "'br' is not supported"),
     ("over-size-limit", "POST", "/v2/models/digits/infer", b" " * (600 * 1024), {}, 413, "exceeds the limit"),
 ]
