@@ -245,6 +245,9 @@ class ControlPlane:
             return await _send(send, 200, dumps({"name": "shoal", "version": __version__,
                                                  "extensions": ["binary_tensor_data"]}))
         if path == "/v1/models":
+            denied = self.gateway.denied(dict(scope["headers"]))
+            if denied is not None:  # with --auth-inference the list of functions is not public either
+                return await _send(send, denied.status, error_body(denied.message))
             return await _send(send, 200, dumps({"models": sorted(self.source.functions())}))
         await _send(send, 404, error_body(f"no route for {path!r}"))
 

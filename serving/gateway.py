@@ -236,6 +236,10 @@ class Gateway:
 
     # ------------------------------------------------------------------ data side
 
+    def denied(self, headers: dict[bytes, bytes]) -> InferenceError | None:
+        """The error to answer when inference needs a token and this request lacks it."""
+        return None if self._authorize is None else self._authorize(headers)
+
     async def handle(self, scope: dict, receive, send) -> None:
         """ASGI entry for inference paths: /v2/models/... and /v1/models/..."""
         start = self._clock()
@@ -244,7 +248,7 @@ class Gateway:
             if function is None:
                 raise RouteNotFound(f"no route for {scope['path']!r}")
             headers = dict(scope["headers"])
-            if self._authorize is not None and (denied := self._authorize(headers)) is not None:
+            if (denied := self.denied(headers)) is not None:
                 raise denied
             if not self._known(function):
                 raise ModelNotFound(function)

@@ -265,6 +265,8 @@ def test_emulated_devices_place_profile_models_and_report_what_cannot_be_placed(
             assert httpx.post(f"{p.url}/v2/models/resnet/infer", json=body).status_code == 401
             wrong = httpx.post(f"{p.url}/v2/models/resnet/infer", json=body, headers={"authorization": "Bearer x"})
             assert wrong.status_code == 403
+            assert httpx.get(f"{p.url}/v1/models").status_code == 401
+            assert client.http.get("/v1/models").json() == {"models": ["resnet"]}
             # a whole-device slice of 90 GiB fits on no 80 GiB device: refused with the reason, at once
             client.deploy(EXAMPLES / "emulated_resnet.yaml", "huge", slice="1:92160", idle_to_zero_s=60)
             started = time.monotonic()
