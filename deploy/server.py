@@ -30,11 +30,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from autoscaler.controller import Controller, ControllerConfig
 from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
-from deploy.api import ApiError, check_token, create_api
+from deploy.api import check_token, create_api
 from deploy.backends.local import LocalBackend
 from deploy.inventory import discover_gpus, memory_mib, usable_cpus
 from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
-from functions.registry import FunctionRecord, NotFound, Registry
+from functions.registry import FunctionRecord, Registry
 from functions.spec import LIMITS, FunctionSpec
 from serving import __version__
 from serving.gateway import Gateway, GatewayConfig

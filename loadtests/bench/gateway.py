@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
-from loadtests.bench.replica import BODY, CLIENT_CPUS, SERVER_CPUS, _pin, quantile_ms
+from loadtests.bench.replica import BODY, CLIENT_CPUS, SERVER_CPUS, _pin, prepare_inputs, quantile_ms, report
 
 PATH = "/v2/models/{name}/infer"
 
@@ -255,20 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray-venv", default=".venv-ray", help="a venv with ray[serve]; skipped when missing")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
-    model = work / "digits.onnx"
-    subprocess.run([sys.executable, "-m", "functions.examples.digits", str(model)], check=True, capture_output=True)
-    body_file = work / "body.json"
-    body_file.write_bytes(BODY)
+    model, body_file = prepare_inputs()
     print(f"control plane CPUs {SERVER_CPUS}, client CPUs {CLIENT_CPUS}", flush=True)
     rates = [float(r) for r in args.rates.split(",")]
     shoal = run_shoal(model, body_file, rates, args.seconds, args.rounds, args.colds)
     ray = run_ray(Path(args.ray_venv), model, body_file, args.ray_rate, args.seconds, args.rounds, args.colds)
     summary = summarize(shoal, ray, args.ray_rate)
-    print()
-    print(render(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+    report(render(summary), summary, args.json)
     return 0
 
 

@@ -126,12 +126,25 @@ def quantile_ms(latencies: list[float], q: float) -> float:
     return float(np.quantile(np.asarray(latencies), q) * 1000.0)
 
 
-def run(rounds: int, seconds: float, low_requests: int, starts: int) -> dict:
+def prepare_inputs() -> tuple[Path, Path]:
+    """The digits ONNX model and the request body, in a fresh temporary folder."""
     work = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     model = work / "digits.onnx"
     subprocess.run([sys.executable, "-m", "functions.examples.digits", str(model)], check=True, capture_output=True)
     body_file = work / "body.json"
     body_file.write_bytes(BODY)
+    return model, body_file
+
+
+def report(text: str, summary: dict, json_path: str | None) -> None:
+    print()
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2))
+
+
+def run(rounds: int, seconds: float, low_requests: int, starts: int) -> dict:
+    model, body_file = prepare_inputs()
     kinds = ["shoal", "kserve"]
     results: dict[str, dict] = {k: {"ready_s": [], "low": [], "sat_rps": [], "sat": []} for k in kinds}
 
@@ -227,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     print(f"server CPUs {SERVER_CPUS}, client CPUs {CLIENT_CPUS}, {os.cpu_count()} cores", flush=True)
     summary = run(args.rounds, args.seconds, args.low_requests, args.starts)
-    print()
-    print(render(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+    report(render(summary), summary, args.json)
     return 0
 
 

@@ -12,7 +12,6 @@ once), except that the delays before scaling down are 2 s instead of 600 s, so t
 benchmark can measure repeated cold starts in a bounded time.
 """
 
-import json
 import os
 import socket
 import sys

@@ -6,7 +6,6 @@ graceful shutdown on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
 import signal
 import threading
