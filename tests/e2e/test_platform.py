@@ -24,14 +24,14 @@ from tests.conftest import ROOT, start_plane
 pytestmark = pytest.mark.integration
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detail=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f": {detail()}" if detail else ""))
 
 
 def ready_count(client, name: str) -> int:
@@ -91,13 +91,17 @@ def test_tritonclient_through_the_gateway(plane, digits, binary):
 
 
 def test_burst_scales_out_then_idle_scales_to_zero(plane, digits):
-    x = digits_data()[0][:1]
+    # 1,000 rows per request, encoded once: each request costs the replica far more than it
+    # costs this client, so requests pile up at the gateway even on a loaded machine
+    x = digits_data()[0][:1000]
+    payload = json.dumps({**_body(x), "outputs": [{"name": "label"}]}).encode()
 
     async def burst(seconds: float) -> dict[int, int]:
         codes: dict[int, int] = {}
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as http:
             async def one():
-                r = await http.post(f"{plane.url}/v2/models/digits/infer", json=_body(x))
+                r = await http.post(f"{plane.url}/v2/models/digits/infer", content=payload,
+                                    headers={"content-type": "application/json"})
                 codes[r.status_code] = codes.get(r.status_code, 0) + 1
 
             end = time.monotonic() + seconds
@@ -108,7 +112,8 @@ def test_burst_scales_out_then_idle_scales_to_zero(plane, digits):
     codes = asyncio.run(burst(3.0))
     assert set(codes) == {200}, codes  # nothing failed while it scaled
     with plane.client() as client:
-        wait_for(lambda: ready_count(client, digits) >= 2, 10, "a second replica")
+        wait_for(lambda: ready_count(client, digits) >= 2, 10, "a second replica",
+                 detail=lambda: (client.events(digits), client.status()["functions"][digits]))
         scale_events = [e for e in client.events(digits) if e["kind"] == "scale"]
         assert any(e["data"]["reason"] == "BURST" and e["data"]["to"] >= 2 for e in scale_events)
         # idle_to_zero_s = 3: with nothing in flight the function goes back to zero
