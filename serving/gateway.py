@@ -36,6 +36,7 @@ from serving.asgi import read_body
 from serving.metrics import LATENCY_BUCKETS_S
 from serving.protocol.codec import error_body
 from serving.protocol.errors import (
+    ClientDisconnected,
     InferenceError,
     InferenceTimeout,
     InvalidInput,
@@ -279,7 +280,7 @@ class Gateway:
         tried: set[str] = set()
         waited = 0.0
         for attempt in range(self.config.max_retries + 1):
-            endpoint, held_s = await self._pick(route, deadline, exclude=tried, size=len(body))
+            endpoint, held_s = await self._pick(route, deadline, exclude=tried, size=len(body), receive=receive)
             waited += held_s
             sent_at = self._clock()
             try:
@@ -303,8 +304,10 @@ class Gateway:
             return response.status, out, response.body
         raise AssertionError("unreachable")
 
-    async def _pick(self, route: Route, deadline: float, exclude: set[str], size: int = 0) -> tuple[Endpoint, float]:
-        """The least loaded ready replica, waiting for one (bounded) when there is none."""
+    async def _pick(self, route: Route, deadline: float, exclude: set[str], size: int = 0,
+                    receive=None) -> tuple[Endpoint, float]:
+        """The least loaded ready replica, waiting for one (bounded) when there is none.
+        A held request whose client goes away leaves the queue at once."""
         held_at = None
         while True:
             candidates = [e for e in route.ready() if e.replica not in exclude]
@@ -318,17 +321,31 @@ class Gateway:
             route.waiters.append(waiter)
             route.held_bytes += size
             self._poke(route.function)
-            remaining = deadline - self._clock()
             try:
-                await asyncio.wait_for(waiter, max(0.0, remaining))
-            except asyncio.TimeoutError:
-                raise InferenceTimeout(
-                    f"no replica of {route.function!r} became ready within {self.config.hold_timeout_s:g} s"
-                ) from None
+                await self._wait_held(route.function, waiter, receive, deadline)
             finally:
                 route.held_bytes -= size
                 if waiter in route.waiters:
                     route.waiters.remove(waiter)
+
+    async def _wait_held(self, function: str, waiter: asyncio.Future, receive, deadline: float) -> None:
+        """Wait for a replica, the deadline, or the client leaving (its body is read, so the
+        next ASGI message can only be the disconnect), whichever comes first."""
+        gone = asyncio.ensure_future(receive()) if receive is not None else None
+        try:
+            while not waiter.done():
+                pending = {waiter} if gone is None or gone.done() else {waiter, gone}
+                remaining = max(0.0, deadline - self._clock())
+                done, _ = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise InferenceTimeout(
+                        f"no replica of {function!r} became ready within {self.config.hold_timeout_s:g} s")
+                if gone in done and gone.exception() is None and gone.result().get("type") == "http.disconnect":
+                    raise ClientDisconnected(f"client left while waiting for a replica of {function!r}")
+            waiter.result()  # a replica that failed to start is raised here
+        finally:
+            if gone is not None:
+                gone.cancel()
 
     def _check_room(self, route: Route, size: int) -> None:
         """Held requests are bounded in count and in bytes, per function."""

@@ -49,11 +49,13 @@ class Scope:
     async def call(self) -> tuple[int, dict[bytes, bytes], bytes]:
         scope = {"type": "http", "method": "POST", "path": self.path, "headers": [(b"content-type", b"application/json")],
                  "query_string": b""}
-        sent = iter([{"type": "http.request", "body": REQUEST, "more_body": False}])
+        sent = [{"type": "http.request", "body": REQUEST, "more_body": False}]
         out = {}
 
-        async def receive():
-            return next(sent)
+        async def receive():  # as uvicorn: the body, then nothing until the client leaves
+            if sent:
+                return sent.pop()
+            await asyncio.Event().wait()
 
         async def send(message):
             if message["type"] == "http.response.start":
@@ -159,3 +161,33 @@ def test_replica_failure_answers_held_requests_at_once():
 
     status, headers, body = asyncio.run(scenario())
     assert status == 503 and b"not a loadable ONNX model" in body and headers[b"retry-after"] == b"5"
+
+
+def test_held_request_whose_client_leaves_frees_its_slot():
+    async def scenario():
+        gateway, _ = make_gateway(hold_timeout_s=30)
+        left = asyncio.Event()
+        messages = [{"type": "http.request", "body": REQUEST, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        out = {}
+
+        async def send(message):
+            out.setdefault("status", message.get("status"))
+
+        scope = {"type": "http", "method": "POST", "path": "/v2/models/f/infer", "headers": [], "query_string": b""}
+        call = asyncio.ensure_future(gateway.handle(scope, receive, send))
+        await asyncio.sleep(0.05)
+        held_before = gateway.held("f")
+        left.set()  # the client goes away while its request is held
+        await asyncio.wait_for(call, 5)
+        return held_before, gateway.held("f"), out["status"]
+
+    held_before, held_after, status = asyncio.run(scenario())
+    assert (held_before, held_after) == (1, 0)
+    assert status == 499  # logged as such; the client is no longer there to read it
