@@ -133,7 +133,6 @@ class ControlPlane:
         )
         self.api = create_api(self)
         self._loop_task: asyncio.Task | None = None
-        self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -89,9 +89,6 @@ class Registry:
             (artifact.ref, artifact.digest, artifact.filename, artifact.size, now),
         )
 
-    def has_artifact(self, ref: str) -> bool:
-        return self.db.execute("SELECT 1 FROM artifacts WHERE ref = ?", (ref,)).fetchone() is not None
-
     # ------------------------------------------------------------------ functions
 
     def put_function(self, spec: FunctionSpec, now: float) -> FunctionRecord:

@@ -54,7 +54,6 @@ class DataPlane:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.ready = False
-        self.load_error: str | None = None
         self._batching = batching
         self._loop = BatchLoop(batching, self._execute, clock)
         metrics.queued.set_function(lambda: len(self._loop))

@@ -61,7 +61,6 @@ class Unavailable(InferenceError):
 log = logging.getLogger("shoal.gateway")
 
 COLD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
-PHASES = ("queue_wait", "spawn", "load", "first_inference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +244,7 @@ class Gateway:
         """ASGI entry for inference paths: /v2/models/... and /v1/models/..."""
         start = self._clock()
         function = _function_of(scope["path"])
+        label = "-"  # metrics label: the function, once it is known to exist
         try:
             if function is None:
                 raise RouteNotFound(f"no route for {scope['path']!r}")
@@ -253,6 +253,7 @@ class Gateway:
                 raise denied
             if not self._known(function):
                 raise ModelNotFound(function)
+            label = function
             status, out_headers, body = await self._dispatch(scope, receive, function, headers, start)
         except Exception as exc:
             status = status_of(exc)
@@ -265,7 +266,6 @@ class Gateway:
         out_headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": body})
-        label = function if function is not None and self._known(function) else "-"
         self.metrics.count(label, status, self._clock() - start)
 
     async def _dispatch(self, scope, receive, function, headers, start):

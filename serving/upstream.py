@@ -33,6 +33,7 @@ class UpstreamResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    close: bool = False  # the replica closes the connection after this response
 
 
 class UpstreamPool:
@@ -113,13 +114,13 @@ class UpstreamPool:
             payload = await reader.readexactly(length) if length else b""
         else:  # neither length nor chunks: the body runs to the end of the connection
             payload, close = await reader.read(), True
-        return UpstreamResponse(status, response_headers, payload) if not close else _Closing(status, response_headers, payload)
+        return UpstreamResponse(status, response_headers, payload, close)
 
     def _release(self, reader, writer, response: UpstreamResponse) -> None:
         # bytes left in the buffer mean the replica sent more than one response:
         # such a connection is out of step and must not serve another request
         leftover = len(getattr(reader, "_buffer", b""))
-        if isinstance(response, _Closing) or leftover or self.closed or len(self._idle) >= self.max_idle:
+        if response.close or leftover or self.closed or len(self._idle) >= self.max_idle:
             writer.close()
         else:
             self._idle.append((reader, writer))
@@ -133,10 +134,6 @@ class UpstreamPool:
 
 class _NothingRead(Exception):
     pass
-
-
-class _Closing(UpstreamResponse):
-    """A response after which the replica closes the connection."""
 
 
 def _parse_headers(head: bytes):

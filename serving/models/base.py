@@ -67,14 +67,6 @@ class Model(abc.ABC):
     def has_native_v1(self) -> bool:
         return type(self).predict_v1 is not Model.predict_v1
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "loader": type(self).__name__,
-            "platform": self.platform,
-            "emulated": self.emulated,
-            "batchable": self.batchable,
-        }
-
 
 def dims(shape: Any) -> tuple[int, ...]:
     """A framework's shape (ints, None or symbolic names) as V2 dims (-1 for free)."""

@@ -55,11 +55,6 @@ class OnnxModel(Model):
         results = self.session.run(self._output_names, inputs)
         return dict(zip(self._output_names, results))
 
-    def describe(self) -> dict:
-        info = super().describe()
-        info["providers"] = self.session.get_providers() if self.session else []
-        return info
-
 
 def _spec(arg) -> TensorSpec:
     datatype = ONNX_TO_V2.get(arg.type)

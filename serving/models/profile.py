@@ -90,11 +90,6 @@ class ProfileModel(Model):
         time.sleep(self.service_time_s(rows))
         return {o.name: _zeros(o, rows) for o in self.outputs}
 
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info.update(memory_mib=self.memory_mib, latency_ms=dict(self.points))
-        return info
-
 
 def _zeros(spec: TensorSpec, rows: int) -> np.ndarray:
     shape = tuple(rows if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec.shape))

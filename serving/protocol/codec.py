@@ -23,7 +23,6 @@ from serving.protocol.datatypes import FLOAT_TYPES, INTEGER_TYPES, numpy_dtype
 from serving.protocol.errors import InvalidInput
 from serving.protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
-HEADER_LENGTH = "inference-header-content-length"
 _LEN = struct.Struct("<I")
 
 # numpy kinds a JSON array may decode to, per target datatype family.
