@@ -138,6 +138,7 @@ class Controller:
         self.last_decision: dict[str, ScaleDecision] = {}
         self.snapshots: dict[str, MetricsSnapshot] = {}
         self.cold_starts: dict[str, float] = {}
+        self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
         self._wake = asyncio.Event()
         self._poked: set[str] = set()
@@ -184,10 +185,11 @@ class Controller:
 
     async def reconcile(self, name: str, spec: FunctionSpec, revision: int) -> None:
         now = self.clock()
-        snapshot = await self.snapshot(name, now)
+        snapshot = await self.snapshot(name, now, spec)
         self.snapshots[name] = snapshot
         state = self.policy_state.get(name, PolicyState())
         decision, self.policy_state[name] = decide(snapshot, spec.scaling, state, now)
+        self._note_slice_hint(name, spec, decision)
         mine = self._live(name)
         current = len(mine)
         self.last_decision[name] = decision
@@ -208,11 +210,24 @@ class Controller:
             for replica in sorted(mine, key=lambda r: r.created_at, reverse=True)[: current - decision.desired]:
                 self._spawn_task(self.stop_replica(replica, decision.reason))
 
-    async def snapshot(self, name: str, now: float) -> MetricsSnapshot:
+    def slice_for(self, spec: FunctionSpec) -> Fraction:
+        return self.slices.get(spec.name, Fraction(spec.slice.fraction))
+
+    def _note_slice_hint(self, name: str, spec: FunctionSpec, decision: ScaleDecision) -> None:
+        if decision.slice_fraction is None:
+            return
+        wanted = Fraction(decision.slice_fraction).limit_denominator(64)
+        if wanted != self.slice_for(spec):
+            self.slices[name] = wanted
+            self.events("slice", f"new replicas get a {wanted.numerator}/{wanted.denominator} slice: {decision.detail}",
+                        function=name, data={"slice": str(wanted), "reason": decision.reason})
+
+    async def snapshot(self, name: str, now: float, spec: FunctionSpec | None = None) -> MetricsSnapshot:
         mine = self._live(name)
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         duties, rps, deltas, queued = [], 0.0, [], 0.0
+        busy = answered = 0.0
         for replica, stat in zip(ready, stats):
             if stat is None:
                 continue
@@ -222,6 +237,8 @@ class Controller:
             if prev is not None:
                 duties.append(duty_cycle(prev, stat))
                 rps += request_rate(prev, stat)
+                busy += max(0.0, stat.busy_s - prev.busy_s)
+                answered += max(0.0, stat.completed - prev.completed)
             deltas.append(bucket_delta(prev, stat))
         outstanding = self.router.outstanding(name)
         return MetricsSnapshot(
@@ -229,6 +246,8 @@ class Controller:
             inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
             duty=tuple(duties), rps=rps, p95_s=quantile(merge_buckets(deltas), 0.95),
             cold_start_s=self.cold_starts.get(name),
+            slice_fraction=float(self.slice_for(spec)) if spec is not None else None,
+            service_s=busy / answered if answered else None,
         )
 
     async def _scrape(self, replica: Replica, now: float) -> ReplicaStat | None:
@@ -250,7 +269,7 @@ class Controller:
 
     def demand_for(self, spec: FunctionSpec, replica_id: str) -> Demand:
         kinds = ("emulated",) if _is_profile(spec) else ("gpu", "cpu")
-        return Demand(replica_id, spec.name, Fraction(spec.slice.fraction), spec.slice.memory_mib, kinds)
+        return Demand(replica_id, spec.name, self.slice_for(spec), spec.slice.memory_mib, kinds)
 
     async def start_replica(self, name: str, spec: FunctionSpec, revision: int) -> Replica | None:
         replica_id = f"{name}-{next(self._ids)}"
@@ -342,6 +361,7 @@ class Controller:
         for name in list(self.policy_state):
             if name not in functions:
                 self.policy_state.pop(name, None)
+                self.slices.pop(name, None)
                 self.router.forget(name)
 
     def _export_counts(self, functions) -> None:

@@ -121,6 +121,8 @@ class MetricsSnapshot:
     rps: float = 0.0
     p95_s: float | None = None
     cold_start_s: float | None = None  # last measured, for cold-start-aware policies
+    slice_fraction: float | None = None  # the share of a device new replicas get now
+    service_s: float | None = None  # executor seconds per answered request over the window
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -1,27 +1,42 @@
-"""The scaling policy: `decide(snapshot, spec, state, now) -> (ScaleDecision, state)`, pure.
+"""Shoal's scaling policy: `decide(snapshot, spec, state, now) -> (ScaleDecision, state)`, pure.
 
-First version (issue 3); the full latency- and duty-driven policy replaces it
-behind the same interface (issue 4). It scales
+What it uses that Knative's KPA and Ray Serve's default policy do not:
 
-- from zero at once when a request is held at the gateway (COLD_START);
-- out when demand per replica passes the target concurrency, or the summed
-  duty cycle passes the target duty (BURST / STABLE);
-- in one replica at a time, after `scale_down_delay_s` of lower demand;
-- to zero after `idle_to_zero_s` with nothing in flight or held (TO_ZERO).
+- the **duty cycle** of each replica's slice (busy seconds / elapsed, from the executor),
+  next to in-flight concurrency (Little's law), so a model that is slow per request
+  scales on the work it does, not on how many requests happen to be open;
+- **p95 latency against the function's SLO**: over its target share of the SLO, the
+  need is raised in proportion (bounded), so queueing is seen before it piles up;
+- **replicas still starting** count as capacity, and the **measured cold-start time**
+  sets how far ahead the forecast looks;
+- a **burst window** (6 s) that can only raise, and a **scale-down** that waits for a
+  whole delay window of lower need, then goes down by at most half per decision;
+- **scale to zero** after `idle_to_zero_s` with nothing in flight or held;
+- **forecast pre-warming** from the function's own history: a rising trend is
+  extrapolated over the cold-start lead, and a function whose traffic resumes on a
+  regular period (a timer) is warmed just before the next expected onset and let go
+  to zero soon after it, instead of idling through a fixed keep-alive;
+- **slice-size awareness**: replicas that stay hot ask for a bigger slice, a lone
+  replica that idles with latency to spare asks for a smaller one
+  (`ScaleDecision.slice_fraction`, applied to replicas started from then on).
 
-Replicas still starting count as capacity, so a slow start does not trigger a
-second one for the same demand.
+Every decision carries its reason (REASONS) and a detail with the numbers; the
+controller writes them to `shoal events`. Every default is in `PolicyConfig`,
+validated on construction. Nothing here reads a clock: `now` is an argument.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass, replace
+import operator
+from dataclasses import dataclass, fields, replace
 
 from autoscaler.metrics import MetricsSnapshot
 from functions.spec import ScalingSpec
 
-REASONS = ("STABLE", "BURST", "COLD_START", "TO_ZERO", "HOLD", "NO_DATA", "SLO", "BOUNDS")
+REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE")
+EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,70 +44,386 @@ class ScaleDecision:
     desired: int
     reason: str
     detail: str = ""
+    slice_fraction: float | None = None  # new replicas should use this share of a device
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    scale_down_delay_s: float = 10.0
-    max_scale_up_step: int = 8
+    """Every knob of the policy, with its default; validated on construction."""
+
+    burst_window_s: float = 6.0  # the max need over this window scales up at once
+    scale_down_delay_s: float = 30.0  # scale down only after a whole window of lower need
+    max_scale_up_rate: float = 10.0  # at most current x 10 per decision (from zero: unbounded)
+    max_scale_down_rate: float = 2.0  # at most halve per decision
+    slo_target_pct: float = 80.0  # aim p95 at 80 % of the SLO
+    slo_max_boost: float = 2.0  # p95 over target raises the need by at most 2x
+    max_duty: float = 0.9  # how hot replicas may run while p95 has headroom
+    headroom_pct: float = 50.0  # p95 at or below this share of its target is headroom
+    trend_window_s: float = 30.0  # forecast: slope of the need over this window
+    trend_max_boost: float = 1.5  # the trend may raise the need by at most 1.5x
+    default_cold_start_s: float = 2.0  # until one is measured
+    onset_gap_s: float = 20.0  # traffic after this much silence is an onset
+    onsets_kept: int = 4  # periodic detection looks at the last 3 gaps
+    periodic_max_cv: float = 0.1  # gaps this regular make a timer
+    prewarm_margin_s: float = 3.0  # warm this long before the expected onset (plus the cold start)
+    periodic_keep_s: float = 10.0  # a timer's replica goes this long after its traffic stops
+    slice_hot_duty: float = 0.85
+    slice_cold_duty: float = 0.15
+    slice_window_s: float = 300.0  # duty averaged (EWMA time constant) and changes spaced by this
+    min_slice: float = 0.125
+    max_slice: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.scale_down_delay_s < 0:
-            raise ValueError(f"scale_down_delay_s ({self.scale_down_delay_s}) must be >= 0")
-        if self.max_scale_up_step < 1:
-            raise ValueError(f"max_scale_up_step ({self.max_scale_up_step}) must be >= 1")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{f.name} ({value!r}) must be a finite number >= 0")
+        if self.max_scale_up_rate <= 1 or self.max_scale_down_rate <= 1:
+            raise ValueError(f"max_scale_up_rate ({self.max_scale_up_rate}) and max_scale_down_rate "
+                             f"({self.max_scale_down_rate}) must be > 1")
+        if not 0 < self.max_duty <= 1 or not 0 <= self.headroom_pct < 100:
+            raise ValueError(f"max_duty ({self.max_duty}) must be within (0, 1] and headroom_pct "
+                             f"({self.headroom_pct}) within [0, 100)")
+        if not 0 < self.slo_target_pct <= 100:
+            raise ValueError(f"slo_target_pct ({self.slo_target_pct}) must be within (0, 100]")
+        if self.slo_max_boost < 1 or self.trend_max_boost < 1:
+            raise ValueError(f"slo_max_boost ({self.slo_max_boost}) and trend_max_boost ({self.trend_max_boost}) must be >= 1")
+        if not self.slice_cold_duty < self.slice_hot_duty <= 1:
+            raise ValueError(f"slice_cold_duty ({self.slice_cold_duty}) must be < slice_hot_duty ({self.slice_hot_duty}) <= 1")
+        if not 0 < self.min_slice <= self.max_slice <= 1:
+            raise ValueError(f"min_slice ({self.min_slice}) must be > 0 and <= max_slice ({self.max_slice}) <= 1")
+        if self.slice_window_s <= 0:
+            raise ValueError(f"slice_window_s ({self.slice_window_s}) must be > 0")
+        if not isinstance(self.onsets_kept, int) or self.onsets_kept < 3:
+            raise ValueError(f"onsets_kept ({self.onsets_kept}) must be >= 3 (two gaps to compare)")
+
+
+DEFAULT_CONFIG = PolicyConfig()
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyState:
-    last_active_at: float | None = None  # last time anything was in flight or held
-    below_since: float | None = None  # since when demand wanted fewer replicas
+    last_active_at: float | None = None  # last time anything was in flight, held or answered
+    needs: tuple[tuple[float, float], ...] = ()  # (at, replicas needed), the last max(window) seconds
+    onsets: tuple[float, ...] = ()  # when traffic resumed after onset_gap_s of silence
+    duty_avg: float | None = None  # EWMA of the mean replica duty (slice awareness)
+    duty_since: float | None = None  # first sample of that average
+    duty_last: float | None = None  # latest sample
+    slice_fraction: float | None = None  # the slice this policy last asked for
+    slice_at: float | None = None
 
 
 def decide(
     snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float,
-    config: PolicyConfig = PolicyConfig(),
+    config: PolicyConfig = DEFAULT_CONFIG,
 ) -> tuple[ScaleDecision, PolicyState]:
     current = snapshot.ready + snapshot.starting
-    demand = snapshot.demand
-    if demand > 0 or state.last_active_at is None:
-        # the first look at a function counts as activity: a replica that was just
-        # warmed up gets its idle_to_zero_s before it goes
-        state = replace(state, last_active_at=now)
+    active = snapshot.demand > 0 or snapshot.rps > 0
+    last_active_at, onsets = _activity(state, active, now, config)
+    need = estimate_need(snapshot, spec, config)
+    # a backlog held through a cold start is not a need to remember: the burst window
+    # would carry it past the first measured work
+    held_through_start = snapshot.ready == 0 and current > 0 and need.by == "concurrency"
+    needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
+    state = PolicyState(last_active_at, needs, onsets, state.duty_avg, state.duty_since, state.duty_last,
+                        state.slice_fraction, state.slice_at)
     if current == 0:
-        return _from_zero(snapshot, spec, state)
-    wanted = _demand_replicas(snapshot, spec)
-    if wanted > current:
-        step = min(wanted, current + config.max_scale_up_step)
-        desired = _bound(step, spec)
-        return ScaleDecision(desired, "BURST", f"demand {demand:g} needs {wanted} replicas"), replace(state, below_since=None)
-    idle_for = now - state.last_active_at if state.last_active_at is not None else math.inf
-    if demand == 0 and idle_for >= spec.idle_to_zero_s:
-        return ScaleDecision(spec.min_replicas, "TO_ZERO", f"idle {idle_for:.0f} s"), replace(state, below_since=None)
-    if wanted < current:
-        below_since = state.below_since if state.below_since is not None else now
-        state = replace(state, below_since=below_since)
-        if now - below_since >= config.scale_down_delay_s:
-            desired = _bound(max(wanted, 1, current - 1), spec)
-            return ScaleDecision(desired, "STABLE", f"demand {demand:g} needs {wanted}"), replace(state, below_since=now)
-        return ScaleDecision(current, "HOLD", "waiting before scale-down"), state
-    return ScaleDecision(_bound(current, spec), "STABLE", ""), replace(state, below_since=None)
+        return _from_zero(snapshot, spec, state, now, need, config)
+    decision, state = _scale(snapshot, spec, state, now, need, current, config)
+    return _with_slice_hint(decision, snapshot, spec, state, now, config)
 
 
-def _from_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState) -> tuple[ScaleDecision, PolicyState]:
+# ---------------------------------------------------------------------- the need
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    replicas: float  # fractional replicas this load needs now
+    by: str  # what set it: work | concurrency | slo
+    detail: str
+
+
+def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig) -> Need:
+    """Replicas the load needs now: the measured work over a duty target that depends on
+    how much latency headroom there is, or more when queueing or the SLO says so.
+
+    - measured work: requests per second x executor seconds per request (it does not
+      saturate at 1 per replica as duty does), or the summed duty if larger; e.g. 300/s x
+      4 ms = 1.2 busy seconds per second;
+    - the duty target: with p95 at or below headroom_pct (50 %) of its target (80 % of
+      the SLO) replicas may run up to max_duty (0.9), which packs a batching model into
+      fewer, fuller replicas; at the target it is the spec's target_duty (0.7); linear
+      between, and the spec's when no p95 is known. E.g. 1.2 / 0.9 = 1.33 with headroom,
+      1.2 / 0.7 = 1.71 without;
+    - concurrency (Little's law), the function's own target per replica: in flight
+      and held / target per replica, e.g. 9 / 4 = 2.25 (executor time misses decoding
+      and queueing, so this view stands on its own; a backlog held through a cold start
+      is not remembered, see decide());
+    - SLO: p95 over its target raises the work view by p95 / target, at most
+      slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57.
+    """
+    measured = max(snapshot.rps * snapshot.service_s if snapshot.service_s else 0.0, sum(snapshot.duty))
+    slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+    ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
+    duty_target = _duty_target(ratio, spec, config)
+    best = Need(measured / duty_target, "work", f"work {measured:.2f} / duty {duty_target:.2f}")
+    by_concurrency = snapshot.demand / spec.target_concurrency
+    if by_concurrency > best.replicas:
+        best = Need(by_concurrency, "concurrency", f"{snapshot.demand:g} in flight / {spec.target_concurrency:g}")
+    if ratio is not None and ratio > 1 and measured > 0:
+        boost = min(config.slo_max_boost, ratio)
+        if measured / duty_target * boost > best.replicas:
+            best = Need(measured / duty_target * boost, "slo",
+                        f"p95 {snapshot.p95_s * 1000:.0f} ms over {slo_target_s * 1000:.0f} ms: x{boost:.2f}")
+    return best
+
+
+def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -> float:
+    """spec.target_duty, raised toward max_duty as p95 falls below its target.
+    E.g. ratio 0.75 (halfway between 0.5 and 1) -> 0.7 + (0.9 - 0.7) x 0.5 = 0.8."""
+    high = max(config.max_duty, spec.target_duty)
+    if ratio is None or ratio >= 1:
+        return spec.target_duty
+    low = config.headroom_pct / 100.0
+    if ratio <= low:
+        return high
+    return spec.target_duty + (high - spec.target_duty) * (1 - ratio) / (1 - low)
+
+
+def record_need(state: PolicyState, now: float, need: float, config: PolicyConfig) -> PolicyState:
+    """Keep the needs of the longest window, plus the newest one older than it, so that
+    "seen for a whole window" can be true whatever the tick."""
+    return replace(state, needs=_kept_needs(state.needs, now, need, config))
+
+
+def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
+                config: PolicyConfig) -> tuple[tuple[float, float], ...]:
+    cutoff = now - max(config.burst_window_s, config.scale_down_delay_s, config.trend_window_s) - EPS
+    first_inside = bisect.bisect_right(needs, cutoff, key=_time_of)  # needs are in time order
+    return needs[max(0, first_inside - 1):] + ((now, need),)
+
+
+def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
+    start = bisect.bisect_right(needs, now - window_s - EPS, key=_time_of)
+    return max(map(_need_of, needs[start:]), default=0.0)
+
+
+_time_of = operator.itemgetter(0)
+_need_of = operator.itemgetter(1)
+
+
+def record_activity(state: PolicyState, active: bool, now: float, config: PolicyConfig) -> PolicyState:
+    """Remember when the function was last active, and when traffic resumed after silence."""
+    last_active_at, onsets = _activity(state, active, now, config)
+    return replace(state, last_active_at=last_active_at, onsets=onsets)
+
+
+def _activity(state: PolicyState, active: bool, now: float, config: PolicyConfig) -> tuple[float, tuple[float, ...]]:
+    if state.last_active_at is None:
+        # the first look counts as activity: a replica just warmed up gets its idle time before it goes
+        return now, (now,) if active else ()
+    if not active:
+        return state.last_active_at, state.onsets
+    if now - state.last_active_at >= config.onset_gap_s:
+        return now, (state.onsets + (now,))[-config.onsets_kept:]
+    return now, state.onsets
+
+
+# ---------------------------------------------------------------------- the forecast
+
+
+def next_onset(state: PolicyState, config: PolicyConfig) -> float | None:
+    """When periodic traffic resumes next, if its onsets keep a regular period.
+    E.g. onsets at 0, 300, 601, 900: gaps 300, 301, 299, mean 300, CV 0.003 <= 0.1
+    -> next at 900 + 300 = 1200."""
+    if len(state.onsets) < 3:
+        return None
+    gaps = [b - a for a, b in zip(state.onsets, state.onsets[1:])]
+    mean = sum(gaps) / len(gaps)
+    if mean <= 0:
+        return None
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    if sd / mean > config.periodic_max_cv:
+        return None
+    return state.onsets[-1] + mean
+
+
+def trend_need(state: PolicyState, now: float, lead_s: float, config: PolicyConfig) -> float:
+    """The need extrapolated `lead_s` ahead from its slope over the trend window
+    (least squares), only while the need rose over the last three looks, only upwards and
+    by at most trend_max_boost.
+    E.g. needs 2, 3, 4 at t = 0, 1, 2 (slope 1/s), lead 2 s -> 4 + 1 x 2 = 6, capped at 4 x 1.5 = 6."""
+    needs = state.needs
+    if len(needs) < 3 or not needs[-3][1] < needs[-2][1] < needs[-1][1]:
+        return 0.0  # a trend rises over the last three looks; one spike is the burst window's
+    points = needs[bisect.bisect_right(needs, now - config.trend_window_s - EPS, key=_time_of):]
+    if len(points) < 3:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_n = sum(n for _, n in points) / len(points)
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if var_t <= 0:
+        return 0.0
+    slope = sum((t - mean_t) * (n - mean_n) for t, n in points) / var_t
+    latest = points[-1][1]
+    if slope <= 0 or latest <= 0:
+        return 0.0
+    return min(latest + slope * lead_s, latest * config.trend_max_boost)
+
+
+def lead_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
+    return snapshot.cold_start_s if snapshot.cold_start_s is not None else config.default_cold_start_s
+
+
+# ---------------------------------------------------------------------- decisions
+
+
+def _from_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, need: Need,
+               config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
     if snapshot.demand > 0:
-        wanted = max(1, _demand_replicas(snapshot, spec))
-        return ScaleDecision(_bound(wanted, spec), "COLD_START", f"{snapshot.demand:g} waiting"), state
-    return ScaleDecision(spec.min_replicas, "STABLE" if spec.min_replicas else "TO_ZERO", ""), state
+        wanted = _bound(max(1, _ceil(need.replicas)), spec)
+        return ScaleDecision(wanted, "COLD_START", f"{snapshot.demand:g} waiting; {need.detail}"), state
+    onset = next_onset(state, config)
+    if onset is not None and spec.max_replicas > 0 and _prewarm_due(onset, now, lead_s(snapshot, config), config):
+        return ScaleDecision(_bound(1, spec), "FORECAST", f"traffic expected at t={onset:.0f} (periodic)"), state
+    return ScaleDecision(spec.min_replicas, "TO_ZERO" if spec.min_replicas == 0 else "STABLE", ""), state
 
 
-def _demand_replicas(snapshot: MetricsSnapshot, spec: ScalingSpec) -> int:
-    """Replicas the load needs: by concurrency (Little's law) and by duty cycle.
-    E.g. 9 in flight at target 4 per replica -> ceil(9/4) = 3; duties 0.9+0.8 at
-    target 0.7 -> ceil(1.7/0.7) = 3."""
-    by_concurrency = math.ceil(snapshot.demand / spec.target_concurrency)
-    by_duty = math.ceil(sum(snapshot.duty) / spec.target_duty - 1e-9) if snapshot.duty else 0
-    return max(by_concurrency, by_duty)
+def _prewarm_due(onset: float, now: float, lead: float, config: PolicyConfig) -> bool:
+    """From lead + margin before the expected onset until a margin after it."""
+    return onset - lead - config.prewarm_margin_s <= now <= onset + config.prewarm_margin_s
+
+
+def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, need: Need,
+           current: int, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
+    if snapshot.ready == 0 and need.by == "concurrency":
+        # requests held through a cold start: the starting replicas will take them; more
+        # replicas for a backlog whose work is not known yet would come as late
+        return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
+    burst = window_max(state.needs, now, config.burst_window_s)
+    trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config)
+    up = _ceil(max(burst, trend))
+    if up > current:
+        desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
+        if desired > current:
+            reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by == "slo" else "BURST")
+            detail = (f"trend {trend:.2f} over the next {lead_s(snapshot, config) + 1:.0f} s" if reason == "FORECAST"
+                      else f"need {burst:.2f} replicas ({need.detail})")
+            return ScaleDecision(desired, reason, detail), state
+    idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
+    if snapshot.demand == 0 and spec.min_replicas == 0:
+        zero = _to_zero(snapshot, spec, state, now, idle_s, config)
+        if zero is not None:
+            return zero, state
+    if snapshot.ready and len(snapshot.duty) < snapshot.ready and snapshot.demand == 0 and need.replicas == 0:
+        return ScaleDecision(_bound(current, spec), "NO_DATA", "waiting for a second scrape"), state
+    return _scale_down(spec, state, now, current, config), state
+
+
+def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, idle_s: float,
+             config: PolicyConfig) -> ScaleDecision | None:
+    onset = next_onset(state, config)
+    if onset is not None:
+        if _prewarm_due(onset, now, lead_s(snapshot, config), config):
+            keep = _bound(max(1, snapshot.ready + snapshot.starting), spec)
+            return ScaleDecision(keep, "FORECAST", f"traffic expected at t={onset:.0f} (periodic)")
+        if idle_s >= config.periodic_keep_s:
+            return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s; periodic, next at t={onset:.0f}")
+    if idle_s >= spec.idle_to_zero_s:
+        return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s")
+    return None
+
+
+def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
+                config: PolicyConfig) -> ScaleDecision:
+    """Down only to the largest need of the whole delay window, by at most half, never
+    below one while the function is active. E.g. 8 replicas, needs over the last 30 s
+    at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4."""
+    seen_for = now - state.needs[0][0] if state.needs else 0.0
+    wanted = max(1, spec.min_replicas, _ceil(window_max(state.needs, now, config.scale_down_delay_s)))
+    if wanted >= current:
+        return ScaleDecision(_bound(current, spec), "STABLE", "")
+    if seen_for < config.scale_down_delay_s - EPS:
+        return ScaleDecision(_bound(current, spec), "HOLD",
+                             f"down to {wanted} after {config.scale_down_delay_s:.0f} s of lower need")
+    desired = _bound(max(wanted, math.ceil(current / config.max_scale_down_rate)), spec)
+    return ScaleDecision(desired, "STABLE", f"need at most {wanted} over {config.scale_down_delay_s:.0f} s")
+
+
+def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float, lead: float,
+                config: PolicyConfig = DEFAULT_CONFIG) -> float:
+    """For a function the last decide() saw idle (nothing in flight, held or answered) at
+    `current` replicas: the earliest time a decide() without new traffic could change
+    the count, so a caller with many idle functions may skip looking until then. The
+    first of: idle_to_zero_s after the last activity; for periodic traffic, the early
+    zero and the next pre-warm; the end of the delay window of the last need that kept
+    `current` replicas. E.g. last active at 100, idle_to_zero 60, needs (100, 2.0) on 2
+    replicas, delay 30: min(160, 100 + 30) = 130."""
+    if state.last_active_at is None:
+        return now
+    times = [state.last_active_at + spec.idle_to_zero_s]
+    onset = next_onset(state, config)
+    if onset is not None:
+        times += [state.last_active_at + config.periodic_keep_s, onset - lead - config.prewarm_margin_s]
+    if current > max(1, spec.min_replicas):
+        high = [t for t, n in state.needs if _ceil(n) >= current]
+        times.append((high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s)
+    return max(now, min(times))
+
+
+# ---------------------------------------------------------------------- slice size
+
+
+def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
+                     now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
+    """Hot replicas ask for twice the slice; a lone idle one whose p95 would still meet
+    the SLO at twice the service time asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4
+    slice -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target -> 1/8."""
+    state = _record_duty(state, snapshot, now, config)
+    current_slice = snapshot.slice_fraction
+    if current_slice is None or state.duty_avg is None or snapshot.ready == 0:
+        return decision, state
+    if state.slice_at is not None and now - state.slice_at < config.slice_window_s:
+        return decision, state
+    if state.duty_since is None or now - state.duty_since < config.slice_window_s or not snapshot.duty:
+        return decision, state
+    wanted = None
+    if state.duty_avg >= config.slice_hot_duty and current_slice * 2 <= config.max_slice + EPS:
+        wanted = current_slice * 2
+    slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+    if (state.duty_avg <= config.slice_cold_duty and snapshot.ready == 1 and snapshot.p95_s is not None
+            and snapshot.p95_s * 2 <= slo_target_s and current_slice / 2 >= config.min_slice - EPS):
+        wanted = current_slice / 2
+    if wanted is None:
+        return decision, state
+    detail = f"duty {state.duty_avg:.2f} on a {current_slice:g} slice -> {wanted:g}"
+    hinted = replace(decision, slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
+    if decision.reason in ("STABLE", "HOLD"):
+        hinted = replace(hinted, reason="SLICE")
+    return hinted, replace(state, slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+
+
+def _record_duty(state: PolicyState, snapshot: MetricsSnapshot, now: float, config: PolicyConfig) -> PolicyState:
+    """EWMA of the mean replica duty, time constant slice_window_s: a sample dt after the
+    last one weighs 1 - exp(-dt / tau). Its age counts from the first sample, so a hint
+    needs a whole window of evidence."""
+    if not snapshot.duty:
+        return state
+    mean = sum(snapshot.duty) / len(snapshot.duty)
+    if state.duty_avg is None or state.duty_last is None:
+        return _with_duty(state, mean, now, now)
+    weight = 1.0 - math.exp(-max(0.0, now - state.duty_last) / config.slice_window_s)
+    return _with_duty(state, state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now)
+
+
+def _with_duty(state: PolicyState, avg: float, since: float | None, last: float) -> PolicyState:
+    # the constructor, not dataclasses.replace: this runs on every decision of every function
+    return PolicyState(state.last_active_at, state.needs, state.onsets, avg, since, last,
+                       state.slice_fraction, state.slice_at)
+
+
+def _ceil(x: float) -> int:
+    return math.ceil(x - 1e-6) if x > 0 else 0
 
 
 def _bound(n: int, spec: ScalingSpec) -> int:

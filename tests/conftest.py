@@ -153,3 +153,13 @@ def start_plane(state_dir: Path, *args: str) -> Plane:
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("shoal up not ready in 60 s")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detail=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f": {detail()}" if detail else ""))

@@ -19,19 +19,9 @@ import pytest
 import tritonclient.http as triton
 
 from functions.examples.digits import digits_data
-from tests.conftest import ROOT, start_plane
+from tests.conftest import ROOT, start_plane, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05, detail=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f": {detail()}" if detail else ""))
 
 
 def ready_count(client, name: str) -> int:

@@ -1,4 +1,4 @@
-"""The control plane's pure parts: the first scaling policy, placement, metrics arithmetic.
+"""The control plane's pure parts: placement, metrics arithmetic.
 Table-driven on a fake clock (`now` is a number)."""
 
 from __future__ import annotations
@@ -9,51 +9,6 @@ import pytest
 
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle, parse_replica_metrics, quantile
 from autoscaler.placement import Demand, Device, Inventory, Placement, Unplaceable, parse_devices, pick_cpus, place
-from autoscaler.policy import PolicyConfig, PolicyState, decide
-from functions.spec import ScalingSpec
-
-SPEC = ScalingSpec(min_replicas=0, max_replicas=8, target_concurrency=4, target_duty=0.7, idle_to_zero_s=60)
-
-
-def snap(ready=0, starting=0, inflight=0.0, held=0, duty=()) -> MetricsSnapshot:
-    return MetricsSnapshot("f", 0.0, ready=ready, starting=starting, inflight=inflight, activator_queue=held, duty=duty)
-
-
-POLICY_CASES = [
-    # id, snapshot, state, now, expected desired, expected reason
-    ("cold-start-one-waiting", snap(held=1), PolicyState(), 0.0, 1, "COLD_START"),
-    # 9 held at target 4 per replica: ceil(9/4) = 3
-    ("cold-start-sized-by-demand", snap(held=9), PolicyState(), 0.0, 3, "COLD_START"),
-    ("zero-stays-zero", snap(), PolicyState(), 0.0, 0, "TO_ZERO"),
-    # 9 in flight on 2 replicas: ceil(9/4) = 3 > 2
-    ("burst-by-concurrency", snap(ready=2, inflight=9), PolicyState(), 0.0, 3, "BURST"),
-    # duties 0.9 + 0.8 = 1.7; 1.7 / 0.7 = 2.43 -> 3 replicas
-    ("burst-by-duty", snap(ready=2, inflight=1, duty=(0.9, 0.8)), PolicyState(), 0.0, 3, "BURST"),
-    # a replica still starting counts: 5 in flight needs 2, 1 ready + 1 starting = 2
-    ("starting-counts-as-capacity", snap(ready=1, starting=1, inflight=5), PolicyState(), 0.0, 2, "STABLE"),
-    # demand 1 needs 1 of 3, but lower demand must last scale_down_delay_s (10 s) first
-    ("scale-down-waits", snap(ready=3, inflight=1), PolicyState(last_active_at=0.0), 5.0, 3, "HOLD"),
-    ("scale-down-one-step", snap(ready=3, inflight=1), PolicyState(last_active_at=10.0, below_since=0.0), 10.0, 2, "STABLE"),
-    # nothing in flight for 60 s = idle_to_zero_s -> 0
-    ("to-zero-after-idle", snap(ready=2), PolicyState(last_active_at=0.0), 60.0, 0, "TO_ZERO"),
-    ("not-yet-idle-enough", snap(ready=2), PolicyState(last_active_at=0.0, below_since=55.0), 59.0, 2, "HOLD"),
-    # 100 in flight wants ceil(100/4) = 25 replicas: capped at max_replicas = 8
-    ("bounded-by-max", snap(ready=4, inflight=100), PolicyState(), 0.0, 8, "BURST"),
-]
-
-
-@pytest.mark.parametrize("snapshot,state,now,desired,reason", [c[1:] for c in POLICY_CASES],
-                         ids=[c[0] for c in POLICY_CASES])
-def test_first_policy(snapshot, state, now, desired, reason):
-    decision, _ = decide(snapshot, SPEC, state, now, PolicyConfig(scale_down_delay_s=10))
-    assert (decision.desired, decision.reason) == (desired, reason)
-
-
-def test_min_replicas_is_a_floor():
-    spec = ScalingSpec(min_replicas=2, max_replicas=4)
-    decision, _ = decide(snap(ready=2), spec, PolicyState(last_active_at=0.0), 1000.0)
-    assert decision.desired == 2
-
 
 CPU = Device("cpu:0", "cpu", 16384, cpus=(0, 1, 2, 3))
 GPU = Device("gpu:0", "gpu", 81920)

@@ -1,0 +1,366 @@
+"""`SliceCluster`: a mutable inventory of thousands of devices, for the simulator and the controller.
+
+The state is numpy arrays, one entry per device (compute in `UNITS`, memory in
+MiB), so `place()` runs the profile's filter and score plugins as vector
+operations: no Python loop over devices on the hot path. Besides placing and
+releasing, it answers the questions a packing controller asks: which replicas to
+remove so whole devices go idle (`scale_down_victims`), and which to move so
+sparse devices empty (`consolidation_moves`, a proposal only, in the spirit of
+the Kubernetes descheduler's HighNodeUtilization).
+
+Pure: stdlib and numpy only; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from autoscaler.placement import plugins
+from autoscaler.placement.inventory import Inventory
+from autoscaler.placement.plugins import BINPACK, Devices, Profile, Request
+from autoscaler.placement.types import (
+    UNITS, Allocation, Demand, Device, Placement, Status, Unplaceable, invalid, least_used_cores, to_units,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    demand: Demand
+    device: int
+    units: int
+    mib: int
+    cpus: tuple[int, ...]
+    seq: int  # order of placement: the newest goes first on scale-down ties
+
+
+class SliceCluster:
+    """Devices (grouped in nodes by `Device.node`) and the replicas placed on them.
+
+    Mutable, unlike `Inventory`: `place()` allocates and `release()` frees, each
+    in O(1) besides the vector step. Compute is kept in integer `UNITS` and memory
+    in MiB, so no sum ever drifts; `profile` picks the plugins and weights."""
+
+    def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK):
+        self.devices = tuple(devices)
+        self.profile = profile
+        self._index = {d.id: i for i, d in enumerate(self.devices)}
+        if len(self._index) != len(self.devices):
+            raise ValueError("device ids must be unique")
+        n = len(self.devices)
+        self._kind_names = sorted({d.kind for d in self.devices})
+        self._kind = np.array([self._kind_names.index(d.kind) for d in self.devices], np.int64)
+        self._node_names = sorted({d.node for d in self.devices})
+        self._node = np.array([self._node_names.index(d.node) for d in self.devices], np.int64)
+        self._id_rank = np.empty(n, np.int64)
+        self._id_rank[np.argsort([d.id for d in self.devices], kind="stable")] = np.arange(n)
+        # int32 state: the arithmetic stays far from 2**31 (720720 units x 100; MiB x 100 up to 20 TiB)
+        # and halves the bytes each numpy step reads
+        self._memory = np.array([d.memory_mib for d in self.devices], np.int32)
+        same = n > 0 and bool(np.all(self._memory == self._memory[0]))  # then one 0-d capacity for all
+        self._state = Devices(np.array(UNITS, np.int32), np.full(n, UNITS, np.int32),
+                              np.array(self._memory[0]) if same else self._memory, self._memory.copy(),
+                              least_units=UNITS, least_mib=int(self._memory.min()) if n else 0)
+        self._beyond_mib = int(self._memory.max()) + 1 if n else 1  # more memory than any device has
+        self._count = np.zeros(n, np.int64)  # replicas per device
+        self._replicas: dict[str, _Held] = {}
+        self._by_function: dict[str, set[str]] = {}
+        self._warm: dict[str, set[int]] = {}  # function -> nodes that have run it
+        self._warm_devices: dict[str, np.ndarray] = {}  # function -> bool per device, rebuilt when a node joins
+        self._core_load: dict[int, dict[int, int]] = {}  # cpu device -> core -> replicas
+        self._preference: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | int]] = {}
+        self._tie_break: dict[tuple[tuple[str, ...], int], np.ndarray] = {}
+        self._units: dict[tuple[int, int], int] = {}  # (numerator, denominator): hashing a Fraction is slow
+        self._share: dict[Fraction, np.ndarray] = {}
+        self._seq = 0
+
+    @classmethod
+    def uniform(cls, count: int, memory_mib: int = 81920, kind: str = "gpu", per_node: int = 8,
+                profile: Profile = BINPACK) -> "SliceCluster":
+        """`count` identical devices, `per_node` to a node: "gpu:0" .. on "node-0" .."""
+        width = len(str(max(count - 1, 0)))
+        devices = [Device(f"{kind}:{i:0{width}d}", kind, memory_mib, node=f"node-{i // per_node}") for i in range(count)]
+        return cls(devices, profile)
+
+    @classmethod
+    def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK) -> "SliceCluster":
+        """The same devices and allocations, to plan on at scale."""
+        cluster = cls(inventory.devices, profile)
+        for a in inventory.allocations:
+            i = cluster._index[a.device]
+            demand = Demand(a.replica, a.function, a.fraction, a.memory_mib, (cluster.devices[i].kind,))
+            cluster._hold(demand, i, to_units(a.fraction), a.memory_mib, a.cpus)
+        for function, node in inventory.warm:
+            cluster.mark_warm(function, node)
+        for device_id, duty in inventory.busy.items():
+            cluster.set_device_busy(device_id, duty)
+        return cluster
+
+    @property
+    def profile(self) -> Profile:
+        return self._profile
+
+    @profile.setter
+    def profile(self, profile: Profile) -> None:
+        self._profile = profile
+        self._warm_on = profile.weight(plugins.warm_cache) > 0
+
+    def copy(self) -> "SliceCluster":
+        other = object.__new__(SliceCluster)
+        other.__dict__.update(self.__dict__)
+        s = self._state
+        other._state = replace(s, free_units=s.free_units.copy(), free_mib=s.free_mib.copy(),
+                               busy_pct=None if s.busy_pct is None else s.busy_pct.copy())
+        other._count = self._count.copy()
+        other._replicas = dict(self._replicas)
+        other._by_function = {f: set(r) for f, r in self._by_function.items()}
+        other._warm = {f: set(n) for f, n in self._warm.items()}
+        other._warm_devices = dict(self._warm_devices)  # replaced, never changed in place
+        other._core_load = {i: dict(load) for i, load in self._core_load.items()}
+        return other
+
+    # ---- the hot path ---------------------------------------------------------------------
+
+    def place(self, demand: Demand) -> Placement | Unplaceable:
+        """Filter, score, choose and allocate: vector operations over all devices."""
+        return self._place(demand, None)
+
+    def _place(self, demand: Demand, allowed: np.ndarray | None) -> Placement | Unplaceable:
+        if (problem := invalid(demand)) is not None:
+            return Unplaceable(demand.replica, (problem,), Status.ERROR)
+        if demand.replica in self._replicas:
+            where = self.devices[self._replicas[demand.replica].device].id
+            reason = f"replica {demand.replica} is already placed on {where}"
+            return Unplaceable(demand.replica, (reason,), Status.ERROR)
+        if not self.devices:
+            return Unplaceable(demand.replica, ("no devices in the cluster",), Status.UNRESOLVABLE)
+        request = self._request(demand)
+        statuses = plugins.run_filters(self.profile, self._state, request)
+        ok = plugins.passing(statuses, len(self.devices))
+        if allowed is not None:
+            ok = ok & allowed
+        total = plugins.weighted_total(self.profile, self._state, request)
+        best = plugins.choose(ok, total, self._tie_break_for(demand.kinds))
+        if best is None:
+            return self._unplaceable(demand, statuses)
+        mib = request.mib if isinstance(request.mib, int) else int(request.mib[best])
+        return self._hold(demand, best, request.units, mib, None)
+
+    def _request(self, demand: Demand) -> Request:
+        # a need beyond every device never fits: held at "largest + 1", the int32 arithmetic stays in range
+        mib = (min(demand.memory_mib, self._beyond_mib) if demand.memory_mib is not None
+               else self._share_of_memory(demand.fraction))
+        f = demand.fraction
+        units = self._units.get((f.numerator, f.denominator)) or self._units.setdefault(
+            (f.numerator, f.denominator), min(to_units(f), UNITS + 1))
+        preference, kind_status = self._kinds(demand.kinds)
+        request = plugins.prepare(self._state, Request(demand, units, mib, preference, kind_status))
+        if self.profile.max_per_device is not None:
+            request.same_function = self._replicas_per_device(demand.function)
+        if self._warm_on and demand.function in self._warm:
+            request.warm = self._warm_devices[demand.function]
+        return request
+
+    def _kinds(self, kinds: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | int]:
+        """Per kinds tuple, kept: the preference per device and fits_kind's answer."""
+        if kinds not in self._preference:
+            preference = plugins.kind_preference(self._kind, self._kind_names, kinds)
+            self._preference[kinds] = preference, plugins.kind_status(preference)
+        return self._preference[kinds]
+
+    def _tie_break_for(self, kinds: tuple[str, ...]) -> np.ndarray:
+        key = (kinds, self.profile.max_total)
+        if key not in self._tie_break:
+            self._tie_break[key] = plugins.tie_break(self._kinds(kinds)[0], self._id_rank, self.profile)
+        return self._tie_break[key]
+
+    def _share_of_memory(self, fraction: Fraction) -> np.ndarray:
+        """A slice without its own memory figure takes its share of each device's memory."""
+        if fraction not in self._share:
+            share = self._memory.astype(np.int64) * fraction.numerator // fraction.denominator
+            self._share[fraction] = np.minimum(share, self._memory.astype(np.int64) + 1).astype(np.int32)
+        return self._share[fraction]
+
+    def _replicas_per_device(self, function: str) -> np.ndarray:
+        held = [self._replicas[r].device for r in self._by_function.get(function, ())]
+        return np.bincount(np.array(held, np.int64), minlength=len(self.devices))
+
+    def _hold(self, demand: Demand, i: int, units: int, mib: int, cpus: tuple[int, ...] | None) -> Placement:
+        device = self.devices[i]
+        if cpus is None:
+            cpus = self._pick_cores(demand.fraction, i) if device.cpus else ()
+        self._state.free_units[i] -= units
+        self._state.free_mib[i] -= mib
+        self._count[i] += 1
+        self._seq += 1
+        self._replicas[demand.replica] = _Held(demand, i, units, mib, cpus, self._seq)
+        self._by_function.setdefault(demand.function, set()).add(demand.replica)
+        node = int(self._node[i])
+        if node not in self._warm.get(demand.function, ()):
+            self._add_warm(demand.function, node)
+        if cpus:
+            load = self._core_load.setdefault(i, {})
+            for c in cpus:
+                load[c] = load.get(c, 0) + 1
+        return Placement(demand.replica, device, demand.fraction, mib, cpus, demand.function)
+
+    def _pick_cores(self, fraction: Fraction, i: int) -> tuple[int, ...]:
+        device = self.devices[i]
+        if device.kind != "cpu" or not device.cpus:
+            return ()
+        return least_used_cores(fraction, device.cpus, self._core_load.get(i, {}))
+
+    def _unplaceable(self, demand: Demand, statuses: list[np.ndarray]) -> Unplaceable:
+        """One line for the whole cluster: "1000 devices: 998 compute full, 2 memory full (...)"."""
+        counts, status = plugins.first_failures(self.profile, statuses, len(self.devices))
+        memory = f"{demand.memory_mib} MiB" if demand.memory_mib is not None else "its share of memory"
+        text = (f"{len(self.devices)} devices: {', '.join(f'{c} {label}' for label, c in counts)} "
+                f"(needs {demand.fraction} of a device's compute and {memory})")
+        return Unplaceable(demand.replica, (text,), status, tuple(counts))
+
+    # ---- changes --------------------------------------------------------------------------
+
+    def release(self, replica_id: str) -> bool:
+        """Free a replica's slice; False when it holds none."""
+        held = self._replicas.pop(replica_id, None)
+        if held is None:
+            return False
+        i = held.device
+        self._state.free_units[i] += held.units
+        self._state.free_mib[i] += held.mib
+        self._count[i] -= 1
+        self._by_function[held.demand.function].discard(replica_id)
+        for c in held.cpus:
+            self._core_load[i][c] -= 1
+        return True
+
+    def set_device_busy(self, device_id: str, duty: float) -> None:
+        """The observed duty (0..1) of a physical device, for the least-busy scorer."""
+        if self._state.busy_pct is None:
+            self._state.busy_pct = np.zeros(len(self.devices), np.int64)
+        self._state.busy_pct[self._index[device_id]] = plugins.duty_pct(duty)
+
+    def mark_warm(self, function: str, node: str) -> None:
+        """This node has the function's artifact (placing a replica there marks it too)."""
+        self._add_warm(function, self._node_names.index(node))
+
+    def _add_warm(self, function: str, node: int) -> None:
+        nodes = self._warm.setdefault(function, set())
+        if node not in nodes:
+            nodes.add(node)
+            on_node = self._node == node
+            # a new array, not |=: copies of the cluster share these masks
+            self._warm_devices[function] = self._warm_devices[function] | on_node if len(nodes) > 1 else on_node
+
+    # ---- questions --------------------------------------------------------------------------
+
+    def devices_in_use(self) -> int:
+        return int(np.count_nonzero(self._count))
+
+    def allocated_fraction(self) -> float:
+        """Compute allocated over compute in the cluster, 0..1."""
+        return float(self._used_units().sum()) / max(1, UNITS * len(self.devices))
+
+    def allocation_count(self) -> int:
+        return len(self._replicas)
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def __contains__(self, replica_id: object) -> bool:
+        return replica_id in self._replicas
+
+    def used(self, device_id: str) -> tuple[Fraction, int]:
+        """(compute, MiB) allocated on a device; compute as a fraction of the device."""
+        i = self._index[device_id]
+        return Fraction(int(self._used_units()[i]), UNITS), int(self._memory[i] - self._state.free_mib[i])
+
+    def _used_units(self) -> np.ndarray:
+        return UNITS - self._state.free_units
+
+    def device_of(self, replica_id: str) -> Device:
+        return self.devices[self._replicas[replica_id].device]
+
+    def allocations(self) -> Iterator[Allocation]:
+        for rid, h in self._replicas.items():
+            yield Allocation(rid, self.devices[h.device].id, h.demand.fraction, h.mib, h.cpus, h.demand.function)
+
+    def to_inventory(self) -> Inventory:
+        warm = frozenset((f, self._node_names[n]) for f, nodes in self._warm.items() for n in nodes)
+        return Inventory(self.devices, tuple(self.allocations()), warm)
+
+    def scale_down_victims(self, function: str, count: int) -> list[str]:
+        """Which `count` replicas of `function` to remove so that whole devices go idle
+        soonest. A replica's device is ranked by what would stay on it once every
+        replica of this function left (0 first: that device can go idle), then by how
+        few of this function's replicas it holds (fewer to remove before it is idle),
+        then least allocated, then the lowest id (placement fills the highest first);
+        on one device the newest replica goes first.
+        E.g. A holds f 1/4 + g 1/4, B holds f 3 x 1/4, count 3: B's rest is 0, A's
+        1/4, so B's three go and B is idle."""
+        mine = [r for r in self._by_function.get(function, ()) if r in self._replicas]
+        units_of_f: dict[int, int] = {}
+        count_of_f: dict[int, int] = {}
+        for r in mine:
+            i = self._replicas[r].device
+            units_of_f[i] = units_of_f.get(i, 0) + self._replicas[r].units
+            count_of_f[i] = count_of_f.get(i, 0) + 1
+
+        def rank(r: str) -> tuple:
+            h = self._replicas[r]
+            i = h.device
+            used = UNITS - int(self._state.free_units[i])
+            return used - units_of_f[i], count_of_f[i], used, int(self._id_rank[i]), -h.seq
+
+        return sorted(mine, key=rank)[:max(0, count)]
+
+    def consolidation_moves(self, max_moves: int) -> list[tuple[str, str, str]]:
+        """Replicas to re-place so sparse devices empty: (replica, from device, to device).
+        A proposal, applied to a copy: the cluster does not change. A device is proposed
+        only when all its replicas fit on other devices already in use (emptying it
+        saves a device) and the moves stay within `max_moves`; sparsest devices first.
+        Make-before-break holds: each target was chosen while every source still held
+        its replicas (sources are never targets), so all new replicas can start before
+        any old one stops."""
+        scratch = self.copy()
+        on_device: dict[int, list[str]] = {}
+        for rid, h in self._replicas.items():
+            on_device.setdefault(h.device, []).append(rid)
+        candidates = self._count > 0  # targets: devices in use, not emptied
+        receiving = np.zeros(len(self.devices), bool)
+        moves: list[tuple[str, str, str]] = []
+        for src in self._sparsest_first():
+            held = on_device[src]
+            if receiving[src] or len(moves) + len(held) > max_moves:
+                continue
+            allowed = candidates.copy()
+            allowed[src] = False
+            found = scratch._evacuate(src, held, allowed)
+            if found is not None:
+                candidates[src] = False
+                receiving[[t for _, t in found]] = True
+                moves += [(rid, self.devices[src].id, self.devices[t].id) for rid, t in found]
+        return moves
+
+    def _sparsest_first(self) -> list[int]:
+        used = np.flatnonzero(self._count > 0)
+        order = np.lexsort((self._id_rank[used], self._count[used], self._used_units()[used]))
+        return [int(i) for i in used[order]]
+
+    def _evacuate(self, src: int, held: list[str], allowed: np.ndarray) -> list[tuple[str, int]] | None:
+        """Place every replica of `src` elsewhere (largest first) or none of them."""
+        placed: list[tuple[str, int]] = []
+        for rid in sorted(held, key=lambda r: (-self._replicas[r].units, -self._replicas[r].mib, r)):
+            h = self._replicas[rid]
+            moved = self._place(replace(h.demand, replica=f"{rid}#moved", memory_mib=h.mib), allowed)
+            if isinstance(moved, Unplaceable):
+                for other, _ in placed:
+                    self.release(f"{other}#moved")
+                return None
+            placed.append((rid, self._index[moved.device.id]))
+        for rid in held:
+            self.release(rid)
+        return placed

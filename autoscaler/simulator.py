@@ -1,0 +1,776 @@
+"""A discrete-event cluster simulator that runs the real policy and placement code.
+
+Every request of a trace is simulated; time advances in decision ticks (1 s by
+default, the controller's tick). In each tick:
+
+1. scheduled baselines (static, oracle) set their replica counts for the tick;
+2. a request for a function with no replica is held, as the activator holds it,
+   and the policy is asked at once, at that request's arrival time (the gateway
+   pokes the controller); the replica it starts serves after the function's
+   cold start;
+3. the tick's requests are served, first come first served, by the function's
+   replicas (a replica still starting is a server that is free from its ready
+   time, so held requests drain as replicas become ready);
+4. each function with replicas or held requests gets a `MetricsSnapshot` (ready and
+   starting replicas, average concurrency by Little's law, requests held, duty cycle
+   per replica, p95 of the tick's requests, measured cold start, slice) and the
+   policy's `decide()`; replicas are placed on slices with the placement package and
+   removed with its consolidating victim choice.
+
+Serving is exact per request for a deterministic service time: with identical
+servers and FIFO, request k of a tick goes to the server that served request k - c
+(c servers), so each server is a single-server queue over every c-th request and
+its departures follow d_r = max(a_r, d_(r-1)) + S, i.e. d_r = (r+1) S + max(free,
+cummax(a_r - r S)). All servers of all functions are solved with one segmented
+cummax per tick (numpy), which is what makes an hour of 10,000 functions fit in a
+minute. Approximations, the same for every policy: one service time per function
+per tick (batch size from the tick's load per replica, latency from the
+function's batch profile, scaled by the slice's compute share); a request over
+the timeout is counted as timed out but still occupies its replica; a removed
+replica's queued requests finish (its slice is charged until they do).
+
+Units: `replica_slice_seconds` is the sum over replicas of (share of a GPU held)
+x (seconds held, starting included): 1.0 is one whole GPU for one second.
+`whole_gpu_seconds` counts GPUs with any slice allocated. Every GPU here is
+simulated; no figure from this module is a GPU measurement.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time as _time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable, Protocol
+
+import numpy as np
+
+from autoscaler.baselines import kpa, ray_serve
+from autoscaler.metrics import MetricsSnapshot
+from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
+from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, next_onset, quiet_until
+from autoscaler.traces import Trace
+from functions.spec import ScalingSpec
+
+BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
+LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
+
+
+# ---------------------------------------------------------------------- functions
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A kind of model: latency per batch size on `ref_slice` of a GPU, its SLO, its cold start."""
+
+    name: str
+    latency_ms: tuple[tuple[int, float], ...]  # (batch size, ms) on ref_slice, batch 1 first
+    slice_fraction: float = 0.25
+    ref_slice: float = 0.25
+    cold_start_s: float = 3.0
+    slo_ms: float = 100.0
+    target_concurrency: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.latency_ms or self.latency_ms[0][0] != 1:
+            raise ValueError(f"profile {self.name}: latency_ms must start at batch size 1, got {self.latency_ms}")
+        if not 0 < self.slice_fraction <= 1:
+            raise ValueError(f"profile {self.name}: slice_fraction ({self.slice_fraction}) must be within (0, 1]")
+
+    @property
+    def max_batch(self) -> int:
+        return self.latency_ms[-1][0]
+
+    def spec(self) -> ScalingSpec:
+        return ScalingSpec(min_replicas=0, max_replicas=1000, slo_p95_ms=self.slo_ms,
+                           target_concurrency=self.target_concurrency)
+
+
+# Latency figures in the style of functions/examples/emulated_resnet.yaml: simulated, not measured on a GPU.
+PROFILES = (
+    Profile("resnet50", ((1, 4.0), (8, 6.0), (32, 14.0)), 0.25, 0.25, cold_start_s=4.0, slo_ms=100.0, target_concurrency=4.0),
+    Profile("bert-base", ((1, 8.0), (8, 20.0)), 0.25, 0.25, cold_start_s=6.0, slo_ms=200.0, target_concurrency=4.0),
+    Profile("mlp-small", ((1, 1.0),), 0.125, 0.125, cold_start_s=2.0, slo_ms=50.0, target_concurrency=2.0),
+    Profile("whisper-tiny", ((1, 30.0), (4, 45.0)), 0.5, 0.5, cold_start_s=8.0, slo_ms=500.0, target_concurrency=2.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    gpus: int = 8
+    gpu_memory_mib: int = 81920
+    gpus_per_node: int = 8
+    tick_s: float = 1.0
+    timeout_s: float = 60.0
+    warmup_s: float = 0.0  # requests and costs before this are simulated but not counted
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"gpus ({self.gpus}) and gpus_per_node ({self.gpus_per_node}) must be >= 1")
+        if not 0 < self.tick_s <= 60:
+            raise ValueError(f"tick_s ({self.tick_s}) must be within (0, 60]")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s ({self.timeout_s}) must be > 0")
+        if self.warmup_s < 0:
+            raise ValueError(f"warmup_s ({self.warmup_s}) must be >= 0")
+
+    def devices(self) -> list[Device]:
+        return [Device(f"sim:{i}", "gpu", self.gpu_memory_mib, node=f"node{i // self.gpus_per_node}",
+                       name="simulated GPU") for i in range(self.gpus)]
+
+
+# ---------------------------------------------------------------------- policies
+
+
+class SimPolicy(Protocol):
+    name: str
+    reactive: bool  # decides from metrics; False: a schedule known in advance
+
+    def cold_start_s(self, profile: Profile) -> float: ...
+    def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision: ...
+    def wake_at(self, fid: int, lead_s: float) -> float | None: ...
+    def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float: ...
+    def scheduled(self, tick: int) -> list[tuple[int, int]]: ...
+
+
+class _Reactive:
+    reactive = True
+
+    def __init__(self, name: str, step: Callable, initial: Callable[[], object]):
+        self.name, self._step, self._initial = name, step, initial
+        self.states: dict[int, object] = {}
+
+    def cold_start_s(self, profile: Profile) -> float:
+        return profile.cold_start_s
+
+    def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
+        state = self.states.get(fid)
+        decision, self.states[fid] = self._step(snapshot, spec, self._initial() if state is None else state, now)
+        return decision
+
+    def wake_at(self, fid: int, lead_s: float) -> float | None:
+        return None
+
+    def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
+        return now  # no promise: looked at every tick
+
+    def scheduled(self, tick: int) -> list[tuple[int, int]]:
+        return []
+
+
+class ShoalPolicy(_Reactive):
+    def __init__(self, config: PolicyConfig = DEFAULT_CONFIG):
+        super().__init__("shoal", self._step, PolicyState)
+        self.config = config
+        self.specs: dict[int, ScalingSpec] = {}
+
+    def _step(self, snapshot, spec, state, now):
+        return decide(snapshot, spec, state, now, self.config)
+
+    def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
+        self.specs[fid] = spec
+        return super().decide(fid, snapshot, spec, now)
+
+    def spec_of(self, fid: int) -> ScalingSpec:
+        return self.specs[fid]
+
+    def wake_at(self, fid: int, lead_s: float) -> float | None:
+        """Periodic traffic expected: be asked again when its pre-warm is due."""
+        state = self.states.get(fid)
+        onset = next_onset(state, self.config) if state is not None else None
+        return None if onset is None else onset - lead_s - self.config.prewarm_margin_s
+
+    def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
+        state = self.states.get(fid)
+        return now if state is None else quiet_until(state, self.spec_of(fid), current, now, lead_s, self.config)
+
+
+def kpa_policy(spec_target: bool = True) -> _Reactive:
+    """Knative's KPA with its defaults; the per-pod target is the function's concurrency
+    target (as a KServe user sets `autoscaling.knative.dev/target` for a GPU model)
+    when spec_target, else KPA's default 70."""
+    configs: dict[float, kpa.KpaConfig] = {}
+
+    def step(snapshot, spec, state, now):
+        target = spec.target_concurrency if spec_target else 70.0
+        config = configs.get(target) or configs.setdefault(
+            target, kpa.KpaConfig(container_concurrency_target=target / kpa.KpaConfig().target_utilization))
+        return kpa.decide(snapshot, spec, state, now, config)
+
+    return _Reactive("kpa", step, kpa.initial_state)
+
+
+def ray_policy() -> _Reactive:
+    """Ray Serve's default policy (target 2 ongoing requests per replica)."""
+    return _Reactive("ray", lambda s, sp, st, now: ray_serve.decide(s, sp, st, now), ray_serve.RayState)
+
+
+class Scheduled:
+    """A baseline whose replica counts per tick are known before the run."""
+
+    reactive = False
+
+    def __init__(self, name: str, changes: dict[int, list[tuple[int, int]]]):
+        self.name, self.changes = name, changes
+
+    def cold_start_s(self, profile: Profile) -> float:
+        return 0.0
+
+    def decide(self, fid, snapshot, spec, now) -> ScaleDecision:  # pragma: no cover - never reactive
+        raise NotImplementedError
+
+    def wake_at(self, fid: int, lead_s: float) -> float | None:
+        return None
+
+    def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
+        return now
+
+    def scheduled(self, tick: int) -> list[tuple[int, int]]:
+        return self.changes.get(tick, [])
+
+
+# ---------------------------------------------------------------------- the engine
+
+
+@dataclass
+class _Servers:
+    """Every replica of every function, in numpy arrays indexed by slot."""
+
+    capacity: int = 1024
+    fid: np.ndarray = field(init=False)
+    free: np.ndarray = field(init=False)  # when the server can take its next request
+    ready_at: np.ndarray = field(init=False)
+    speed: np.ndarray = field(init=False)  # service-time multiplier: ref_slice / slice
+    slice: np.ndarray = field(init=False)
+    alive: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fid = np.zeros(self.capacity, np.int64)
+        self.free = np.zeros(self.capacity)
+        self.ready_at = np.zeros(self.capacity)
+        self.speed = np.ones(self.capacity)
+        self.slice = np.zeros(self.capacity)
+        self.alive = np.zeros(self.capacity, bool)
+        self.unused = list(range(self.capacity - 1, -1, -1))
+
+    def add(self, fid: int, ready_at: float, speed: float, slice_fraction: float) -> int:
+        if not self.unused:
+            self._grow()
+        slot = self.unused.pop()
+        self.fid[slot], self.free[slot], self.ready_at[slot] = fid, ready_at, ready_at
+        self.speed[slot], self.slice[slot], self.alive[slot] = speed, slice_fraction, True
+        return slot
+
+    def remove(self, slot: int) -> None:
+        self.alive[slot] = False
+        self.unused.append(slot)
+
+    def _grow(self) -> None:
+        old = self.capacity
+        self.capacity *= 2
+        for name in ("fid", "free", "ready_at", "speed", "slice", "alive"):
+            array = getattr(self, name)
+            grown = np.zeros(self.capacity, array.dtype)
+            grown[:old] = array
+            setattr(self, name, grown)
+        self.speed[old:] = 1.0
+        self.unused.extend(range(self.capacity - 1, old - 1, -1))
+
+
+class Simulation:
+    def __init__(self, trace: Trace, profiles: list[Profile], policy: SimPolicy, config: SimConfig = SimConfig(),
+                 initial: dict[int, int] | None = None):
+        if len(profiles) != len(trace.functions):
+            raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
+        self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
+        n = len(profiles)
+        self.specs = [p.spec() for p in profiles]
+        self.cold = np.array([policy.cold_start_s(p) for p in profiles])
+        self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
+        self.max_batch = np.array([p.max_batch for p in profiles])
+        self.func_slice = np.array([p.slice_fraction for p in profiles])
+        self.cluster = SliceCluster(config.devices())
+        self.servers = _Servers()
+        self.slots: list[list[int]] = [[] for _ in range(n)]
+        self.replica_slot: dict[str, int] = {}
+        self.slot_replica: dict[int, str] = {}
+        self.n_srv = np.zeros(n, np.int64)
+        self.held: dict[int, list[float]] = {}
+        self.wakes: list[tuple[float, int]] = []
+        self.quiet = np.zeros(n)  # an idle function need not be looked at before this
+        self._ids = 0
+        # per tick, per function
+        self.tick_n = np.zeros(n)
+        self.tick_lat = np.zeros(n)
+        self.tick_busy = np.zeros(n)
+        self.tick_p95 = np.full(n, np.nan)
+        # totals
+        self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
+        self.requests = self.served = self.within_slo = self.timed_out = 0
+        self.cold_requests = self.starts = self.unplaceable = 0
+        self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
+        self.reasons: dict[str, int] = {}
+        for fid, count in (initial or {}).items():  # already warm when the trace starts
+            self._start(fid, count, -float(self.cold[fid]))
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict:
+        started = _time.perf_counter()
+        dt = self.config.tick_s
+        ticks = math.ceil(self.trace.duration_s / dt - 1e-9)
+        times, fids = self.trace.times, self.trace.fids.astype(np.int64, copy=False)
+        bounds = np.searchsorted(times, np.arange(1, ticks + 1) * dt)
+        if self.config.warmup_s and abs(self.config.warmup_s / dt - round(self.config.warmup_s / dt)) > 1e-9:
+            raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")
+        warm_ticks = round(self.config.warmup_s / dt)
+        start = 0
+        for k in range(ticks):
+            t0, t1 = k * dt, (k + 1) * dt
+            if k == warm_ticks and k > 0:
+                self._reset_counts()
+            for fid, desired in self.policy.scheduled(k):
+                self._apply(fid, ScaleDecision(desired, "SCHEDULED"), t0)
+            a, f = times[start:bounds[k]], fids[start:bounds[k]]
+            start = bounds[k]
+            self.requests += len(a)
+            self._wake(t1)
+            a, f = self._hold_cold(a, f, t0)
+            self._serve(a, f, t0, t1)
+            self._expire_held(t1)
+            if self.policy.reactive:
+                self._decide_all(t1)
+            self.slice_seconds += float(self.servers.slice[self.servers.alive].sum()) * dt
+            self.replica_seconds += float(self.n_srv.sum()) * dt
+            self.gpu_seconds += self.cluster.devices_in_use() * dt
+        # requests still held at the end never got an answer in the run
+        self.timed_out += sum(len(v) for v in self.held.values())
+        return self.record(_time.perf_counter() - started)
+
+    def _reset_counts(self) -> None:
+        """The end of the warm-up: what came before is not counted (requests held across
+        the boundary are, since they are counted when they are answered or time out)."""
+        self.hist[:] = 0
+        self.served = self.within_slo = self.timed_out = self.cold_requests = self.starts = self.unplaceable = 0
+        self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
+        self.reasons = {}
+        self.requests = sum(len(v) for v in self.held.values())
+
+    def record(self, wall_s: float) -> dict:
+        total = max(1, self.requests)
+        quantiles = {f"p{q}_ms": _hist_quantile(self.hist, q / 100.0) for q in (50, 95, 99)}
+        return {
+            "requests": self.requests, "served": self.served, "timed_out": self.timed_out,
+            "slo_attainment": self.within_slo / total,
+            **quantiles,
+            "replica_slice_seconds": round(float(self.slice_seconds), 3),
+            "replica_seconds": round(self.replica_seconds, 3),
+            "whole_gpu_seconds": round(self.gpu_seconds, 3),
+            "cold_starts": self.starts, "cold_start_requests": self.cold_requests,
+            "unplaceable": self.unplaceable, "decisions": dict(sorted(self.reasons.items())),
+            "wall_s": round(wall_s, 3),
+        }
+
+    # ------------------------------------------------------------------ arrivals
+
+    def _hold_cold(self, a: np.ndarray, f: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray]:
+        """Requests of functions with no replica: held; the policy hears of the first at once.
+        Returns the requests to serve now (with earlier held ones that now have a replica)."""
+        cold = self.n_srv[f] == 0
+        if cold.any():
+            cold_f, first = np.unique(f[cold], return_index=True)
+            cold_a = a[cold]
+            self.cold_requests += int(cold.sum())
+            for fid, i in zip(cold_f.tolist(), first.tolist()):
+                if self.n_srv[fid] == 0 and self.policy.reactive:
+                    waiting = len(self.held.get(fid, ())) + 1
+                    self._decide(fid, float(cold_a[i]), activator_queue=waiting, fresh=True)
+        if not self.held and not cold.any():
+            return a, f
+        # everything for a function with servers is served; the rest waits
+        extra_a, extra_f = [], []
+        for fid in [x for x in self.held if self.n_srv[x] > 0]:
+            waiting = self.held.pop(fid)
+            extra_a.append(np.asarray(waiting))
+            extra_f.append(np.full(len(waiting), fid, np.int64))
+        still = self.n_srv[f] == 0
+        for fid, when in zip(f[still].tolist(), a[still].tolist()):
+            self.held.setdefault(fid, []).append(when)
+        keep = ~still
+        if extra_a:
+            return np.concatenate(extra_a + [a[keep]]), np.concatenate(extra_f + [f[keep]])
+        return a[keep], f[keep]
+
+    def _expire_held(self, now: float) -> None:
+        limit = now - self.config.timeout_s
+        for fid in list(self.held):
+            waiting = self.held[fid]
+            expired = sum(1 for t in waiting if t <= limit)
+            if expired:
+                self.timed_out += expired
+                del waiting[:expired]
+                if not waiting:
+                    del self.held[fid]
+
+    # ------------------------------------------------------------------ serving
+
+    def _serve(self, a: np.ndarray, f: np.ndarray, t0: float, t1: float) -> None:
+        self.tick_n[:] = 0.0
+        self.tick_lat[:] = 0.0
+        self.tick_busy[:] = 0.0
+        self.tick_p95[:] = np.nan
+        if len(a) == 0:
+            return
+        dt = self.config.tick_s
+        order = np.argsort(f, kind="stable")
+        a, f = a[order], f[order]
+        n_f = np.bincount(f, minlength=len(self.profiles))
+        first = np.cumsum(n_f) - n_f
+        srv = self.servers
+        slots = np.flatnonzero(srv.alive)
+        slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]  # by function, earliest free first
+        offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
+        service, latency_extra = self._service_times(n_f, slots, dt)
+        # the interleaved solution is exact when the servers' free times (none earlier than the
+        # first request) lie within one service time of each other; otherwise (a replica still
+        # starting, or a new one beside busy ones) the function is served one request at a time
+        present = np.flatnonzero(n_f)
+        earliest = np.maximum(srv.free[slots[offset[present]]], a[first[present]])
+        latest = np.maximum(srv.free[slots[offset[present] + self.n_srv[present] - 1]], a[first[present]])
+        uneven = np.zeros(len(self.profiles), bool)
+        uneven[present] = latest - earliest > service[present] + 1e-12
+        parts = []
+        if uneven.any():
+            mask = uneven[f]
+            parts.append(self._serve_one_by_one(a[mask], f[mask], slots, offset, service, latency_extra))
+            a, f = a[~mask], f[~mask]
+        if len(a):
+            parts.append(self._serve_interleaved(a, f, t0, slots, offset, service, latency_extra))
+        f, latency, s = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
+        self._account(f, latency, s, n_f)
+
+    def _serve_interleaved(self, a, f, t0, slots, offset, service, latency_extra):
+        """Request k of a function's tick goes to its server k mod c (servers by free time),
+        each server a single-server queue: d_r = (r + 1) S + max(free, cummax(a_r - r S)),
+        solved for all servers at once with one cummax whose segments are kept apart by
+        adding server index x BIG."""
+        srv = self.servers
+        n_f = np.bincount(f, minlength=len(self.profiles))
+        k = np.arange(len(a)) - (np.cumsum(n_f) - n_f)[f]
+        c = self.n_srv[f]
+        j, r = k % c, k // c
+        g = offset[f] + j
+        s = service[f]
+        order = np.lexsort((r, g))
+        a, f, g, r, s = a[order], f[order], g[order], r[order], s[order]
+        v = (a - t0) - r * s
+        cm = np.maximum.accumulate(v + g * BIG) - g * BIG
+        u = np.maximum(cm, np.maximum(srv.free[slots[g]] - t0, -1.0))
+        done = t0 + u + (r + 1) * s
+        last = np.flatnonzero(np.r_[g[1:] != g[:-1], True])
+        srv.free[slots[g[last]]] = done[last]
+        return f, done - a + latency_extra[f], s
+
+    def _serve_one_by_one(self, a, f, slots, offset, service, latency_extra):
+        """Earliest-free replica first, one request at a time (a heap per function)."""
+        srv = self.servers
+        latency = np.empty(len(a))
+        bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            fid = int(f[lo])
+            mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]].tolist()
+            heap = [(float(srv.free[x]), x) for x in mine]
+            heapq.heapify(heap)
+            s, extra = float(service[fid]), float(latency_extra[fid])
+            for i, arrival in enumerate(a[lo:hi].tolist(), lo):
+                free, slot = heap[0]
+                done = (free if free > arrival else arrival) + s
+                heapq.heapreplace(heap, (done, slot))
+                latency[i] = done - arrival + extra
+            for free, slot in heap:
+                srv.free[slot] = free
+        return f, latency, service[f]
+
+    def _service_times(self, n_f: np.ndarray, slots: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per function: seconds a request occupies a replica, and the rest of its batch's latency.
+        Batch size from the load: b = ceil(arrivals per replica per second x batch latency),
+        within [1, max batch]; e.g. 400/s on 2 replicas of 4 ms -> ceil(200 x 0.004) = 1."""
+        srv = self.servers
+        speed_sum = np.bincount(srv.fid[slots], weights=srv.speed[slots], minlength=len(self.profiles))
+        speed = np.where(self.n_srv > 0, speed_sum / np.maximum(self.n_srv, 1), 1.0)
+        per_replica = n_f / np.maximum(self.n_srv, 1) / dt
+        batch = np.ones(len(self.profiles))
+        for _ in range(2):
+            batch = np.clip(np.ceil(per_replica * self._latency_s(batch)), 1, self.max_batch)
+        lat = self._latency_s(batch) * speed
+        occupancy = lat / batch
+        return occupancy, lat - occupancy
+
+    def _latency_s(self, batch: np.ndarray) -> np.ndarray:
+        if not hasattr(self, "_lat_tables"):
+            groups: dict[tuple, list[int]] = {}
+            for i, p in enumerate(self.profiles):
+                groups.setdefault(p.latency_ms, []).append(i)
+            self._lat_tables = [(np.array(ix), np.array([b for b, _ in key], float), np.array([m for _, m in key]) / 1000.0)
+                                for key, ix in groups.items()]
+        out = np.empty(len(self.profiles))
+        for ix, sizes, secs in self._lat_tables:
+            out[ix] = np.interp(batch[ix], sizes, secs)
+        return out
+
+    def _account(self, f: np.ndarray, latency: np.ndarray, s: np.ndarray, n_f: np.ndarray) -> None:
+        n = len(self.profiles)
+        self.served += len(latency)
+        ok = latency <= self.slo_s[f]
+        self.within_slo += int(ok.sum())
+        self.timed_out += int((latency > self.config.timeout_s).sum())
+        self.hist += np.bincount(np.searchsorted(LAT_EDGES, latency), minlength=len(self.hist))
+        self.tick_n[:] = n_f
+        self.tick_lat[:] = np.bincount(f, weights=latency, minlength=n)
+        self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
+        # p95 per function: sort by (function, latency), take rank ceil(0.95 n) - 1
+        order = np.lexsort((latency, f))
+        present = np.flatnonzero(n_f)
+        first = (np.cumsum(n_f) - n_f)[present]
+        rank = first + np.ceil(0.95 * n_f[present]).astype(np.int64) - 1
+        self.tick_p95[present] = latency[order][rank]
+
+    # ------------------------------------------------------------------ decisions
+
+    def _wake(self, t1: float) -> None:
+        while self.wakes and self.wakes[0][0] < t1:
+            when, fid = heapq.heappop(self.wakes)
+            if self.n_srv[fid] == 0 and fid not in self.held:
+                self._decide(fid, max(when, t1 - self.config.tick_s), activator_queue=0, fresh=True)
+
+    def _decide_all(self, t1: float) -> None:
+        """Every function with replicas, except idle ones its policy said it would leave
+        alone until later (looked at again at that time or at their next request)."""
+        live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
+        for fid in live.tolist():
+            self._decide(fid, t1, activator_queue=len(self.held.get(fid, ())))
+        for fid in [x for x in self.held if self.n_srv[x] == 0]:
+            self._decide(fid, t1, activator_queue=len(self.held[fid]))
+
+    def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False) -> None:
+        dt = self.config.tick_s
+        srv = self.servers
+        mine = self.slots[fid]
+        ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else sum(1 for s in mine if srv.ready_at[s] <= now)
+        if fresh:  # between ticks: only the held requests are known
+            snapshot = MetricsSnapshot(self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
+                                       activator_queue=activator_queue, cold_start_s=float(self.cold[fid]),
+                                       slice_fraction=float(self.func_slice[fid]))
+        else:
+            n = self.tick_n[fid]
+            duty = min(1.0, self.tick_busy[fid] / (max(ready, 1) * dt)) if ready else 0.0
+            p95 = self.tick_p95[fid]
+            snapshot = MetricsSnapshot(
+                self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
+                inflight=self.tick_lat[fid] / dt, activator_queue=activator_queue,
+                duty=(duty,) * ready, rps=n / dt, p95_s=None if math.isnan(p95) else float(p95),
+                service_s=self.tick_busy[fid] / n if n else None,
+                cold_start_s=float(self.cold[fid]), slice_fraction=float(self.func_slice[fid]),
+            )
+        decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
+        self._apply(fid, decision, now)
+        current = int(self.n_srv[fid])
+        if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
+            self.quiet[fid] = self.policy.quiet_until(fid, current, now, float(self.cold[fid]))
+        else:
+            self.quiet[fid] = 0.0
+        if self.n_srv[fid] == 0:
+            wake = self.policy.wake_at(fid, float(self.cold[fid]))
+            if wake is not None and wake > now:
+                heapq.heappush(self.wakes, (wake, fid))
+
+    def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
+        if decision.slice_fraction is not None:
+            self.func_slice[fid] = decision.slice_fraction
+        current = int(self.n_srv[fid])
+        if decision.desired == current:
+            return
+        self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+        if decision.desired > current:
+            self._start(fid, decision.desired - current, now)
+        else:
+            self._stop(fid, current - decision.desired, now)
+
+    def _start(self, fid: int, count: int, now: float) -> None:
+        profile = self.profiles[fid]
+        fraction = float(self.func_slice[fid])
+        memory = int(self.config.gpu_memory_mib * fraction)
+        name = self.trace.functions[fid]
+        for _ in range(count):
+            self._ids += 1
+            replica = f"{name}-{self._ids}"
+            placed = self.cluster.place(Demand(replica, name, Fraction(fraction).limit_denominator(64), memory, ("gpu",)))
+            if isinstance(placed, Unplaceable):
+                self.unplaceable += 1
+                return
+            slot = self.servers.add(fid, now + float(self.cold[fid]), profile.ref_slice / fraction, fraction)
+            self.slots[fid].append(slot)
+            self.replica_slot[replica], self.slot_replica[slot] = slot, replica
+            self.n_srv[fid] += 1
+            self.starts += 1
+
+    def _stop(self, fid: int, count: int, now: float) -> None:
+        srv = self.servers
+        victims = self.cluster.scale_down_victims(self.trace.functions[fid], count)
+        for replica in victims:
+            slot = self.replica_slot.pop(replica)
+            del self.slot_replica[slot]
+            # a removed replica finishes what it has queued: its slice is charged until then
+            self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
+            self.cluster.release(replica)
+            srv.remove(slot)
+            self.slots[fid].remove(slot)
+            self.n_srv[fid] -= 1
+
+
+def _hist_quantile(hist: np.ndarray, q: float) -> float | None:
+    total = hist.sum()
+    if total == 0:
+        return None
+    index = int(np.searchsorted(np.cumsum(hist), q * total))
+    upper = LAT_EDGES[min(index, len(LAT_EDGES) - 1)]
+    return round(float(upper) * 1000.0, 3)
+
+
+# ---------------------------------------------------------------------- scheduled baselines
+
+
+def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float) -> dict[int, dict[int, int]]:
+    """Perfect foresight, no cold start: for every tick with requests, the fewest replicas
+    with which every request of that tick (starting from idle replicas) meets its SLO and
+    the tick's work fits in the tick; zero in ticks without requests. {fid: {tick: replicas}}.
+    E.g. 10 requests at once, 4 ms each, SLO 10 ms: 2 replicas finish the 5th at 20 ms, 4
+    replicas finish the 3rd at 12 ms, 5 finish every one by 8 ms -> 5."""
+    out: dict[int, dict[int, int]] = {}
+    ticks = np.floor(trace.times / tick_s).astype(np.int64)
+    order = np.argsort(trace.fids, kind="stable")
+    fids, times, ticks = trace.fids[order], trace.times[order], ticks[order]
+    bounds = np.flatnonzero(np.r_[True, (fids[1:] != fids[:-1]) | (ticks[1:] != ticks[:-1]), True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        fid, tick = int(fids[lo]), int(ticks[lo])
+        out.setdefault(fid, {})[tick] = _fewest_replicas(times[lo:hi], profiles[fid], tick_s)
+    return out
+
+
+def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float) -> int:
+    n = len(a)
+    slo = profile.slo_ms / 1000.0
+    sizes = np.array([b for b, _ in profile.latency_ms], float)
+    secs = np.array([m for _, m in profile.latency_ms]) / 1000.0
+
+    def meets(c: int) -> bool:
+        b = 1.0  # the batch size rule of Simulation._service_times
+        for _ in range(2):
+            b = min(profile.max_batch, max(1.0, math.ceil(n / c / tick_s * float(np.interp(b, sizes, secs)))))
+        lat = float(np.interp(b, sizes, secs))
+        s = lat / b
+        if n * s > c * tick_s:
+            return False  # more work than the tick holds: a backlog would carry into the next
+        k = np.arange(n)
+        g, r = k % c, k // c
+        order = np.lexsort((r, g))
+        v = a[order] - r[order] * s
+        cm = np.maximum.accumulate(v + g[order] * BIG) - g[order] * BIG
+        done = cm + (r[order] + 1) * s
+        return float((done - a[order]).max()) + lat - s <= slo
+
+    low = max(1, math.ceil(n * secs[0] / tick_s / profile.max_batch))
+    if meets(low):
+        return low
+    high = low
+    while high < n and not meets(high):
+        low, high = high, min(n, high * 2)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if meets(mid) else (mid, high)
+    return high
+
+
+def oracle_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
+    """The oracle's counts as changes: a function's replicas exist only in its ticks with requests."""
+    changes: dict[int, list[tuple[int, int]]] = {}
+    for fid, per_tick in counts.items():
+        previous, previous_tick = 0, -1
+        for tick in sorted(per_tick):
+            if previous and tick > previous_tick + 1:
+                changes.setdefault(previous_tick + 1, []).append((fid, 0))  # idle ticks between: none held
+                previous = 0
+            if per_tick[tick] != previous:
+                changes.setdefault(tick, []).append((fid, per_tick[tick]))
+            previous, previous_tick = per_tick[tick], tick
+        changes.setdefault(previous_tick + 1, []).append((fid, 0))
+    return Scheduled("oracle", changes)
+
+
+def static_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
+    """Provisioned for the peak: each function's largest oracle count, warm from the start."""
+    return Scheduled("static", {0: [(fid, max(per_tick.values())) for fid, per_tick in counts.items()]})
+
+
+# ---------------------------------------------------------------------- runs
+
+
+POLICIES = ("shoal", "kpa", "ray", "static", "oracle")
+
+
+def warm_start(trace: Trace, profiles: list[Profile], counts: dict[int, dict[int, int]] | None = None,
+               duty: float = 0.7) -> dict[int, int]:
+    """Replicas each function starts with, the same for every reactive policy, as if it had
+    been running: the oracle's count for its first second with requests / 0.7, rounded up
+    (without counts: mean rate x batch-1 latency / 0.7); none for a function under one
+    request a minute (it starts cold, as in production)."""
+    rates = trace.rates if trace.rates is not None else trace.counts() / trace.duration_s
+    out = {}
+    for fid, rate in enumerate(np.asarray(rates, float).tolist()):
+        if rate < 1 / 60:
+            continue
+        if counts is not None and counts.get(fid):
+            first = counts[fid][min(counts[fid])]
+        else:
+            first = rate * profiles[fid].latency_ms[0][1] / 1000.0
+        out[fid] = max(1, math.ceil(first / duty - 1e-9))
+    return out
+
+
+def assign_profiles(trace: Trace, seed: int = 0, profiles: tuple[Profile, ...] = PROFILES) -> list[Profile]:
+    rng = np.random.default_rng(seed + 7919)
+    return [profiles[i] for i in rng.integers(0, len(profiles), len(trace.functions))]
+
+
+def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(), seed: int = 0,
+             profiles: list[Profile] | None = None, shoal_config: PolicyConfig = DEFAULT_CONFIG) -> dict:
+    """Run every policy on the same trace and functions; the JSON-ready comparison."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown[0]!r}: expected one or more of {', '.join(POLICIES)}")
+    profiles = profiles if profiles is not None else assign_profiles(trace, seed)
+    counts = oracle_counts(trace, profiles, config.tick_s)
+    makers: dict[str, Callable[[], SimPolicy]] = {
+        "shoal": lambda: ShoalPolicy(shoal_config), "kpa": kpa_policy, "ray": ray_policy,
+        "static": lambda: static_policy(counts), "oracle": lambda: oracle_policy(counts),
+    }
+    initial = warm_start(trace, profiles, counts)
+    records = {name: Simulation(trace, profiles, makers[name](), config,
+                                initial if name in ("shoal", "kpa", "ray") else None).run() for name in policies}
+    warm = round(config.warmup_s / config.tick_s)
+    oracle = sum(c * profiles[fid].slice_fraction * config.tick_s
+                 for fid, per in counts.items() for tick, c in per.items() if tick >= warm)
+    for record in records.values():
+        record["oracle_replica_slice_seconds"] = round(oracle, 3)
+        record["vs_oracle"] = round(record["replica_slice_seconds"] / oracle, 3) if oracle else None
+    mix: dict[str, int] = {}
+    for p in profiles:
+        mix[p.name] = mix.get(p.name, 0) + 1
+    return {
+        "policies": records,
+        "trace": trace.summary(),
+        "cluster": {"gpus": config.gpus, "gpu_memory_mib": config.gpu_memory_mib, "tick_s": config.tick_s,
+                    "timeout_s": config.timeout_s, "warmup_s": config.warmup_s, "profiles": mix,
+                    "note": "simulated GPUs and simulated latency profiles: no figure here is a GPU measurement"},
+    }

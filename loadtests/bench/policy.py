@@ -1,0 +1,116 @@
+"""Benchmark: Shoal's policy against Knative's KPA, Ray Serve, static and the oracle.
+
+    python -m loadtests.bench.policy [--quick] [--seed 1] [--json OUT]
+
+In one run, every policy on the same traces in the cluster simulator
+(autoscaler/simulator.py, the same policy and placement code as `shoal up`):
+- Gamma renewal arrivals with CV 1, 2 and 4; a 10x spike; a diurnal swing
+  (8 functions, 1,000 req/s each, 32 simulated GPUs);
+- the Azure-Functions-like population, 1,000 functions on 100 simulated GPUs;
+then the scale run (Shoal alone, one simulated hour of 10,000 functions on 1,000
+GPUs, its wall time) and the placement benchmark (packing over the lower bound,
+decision p99 on 1,000 devices).
+
+Prints, per trace, each policy's SLO attainment, replica-slice-seconds and its
+ratio to the oracle and to Shoal, and whether the issue's targets hold. Every GPU
+and latency profile here is simulated: no figure is a GPU measurement.
+
+Like the placement benchmark, this one calls Shoal's code directly: a simulation
+has no HTTP surface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from autoscaler.simulator import Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start
+from autoscaler.traces import make_trace
+from deploy.simulate import render
+
+POLICIES = ["shoal", "kpa", "ray", "static", "oracle"]
+WARMUP_S = 60.0
+
+
+def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
+    seconds = 300.0 if quick else 900.0
+    base = dict(functions=8, seconds=seconds, rate=1000.0)
+    small = SimConfig(gpus=32, warmup_s=WARMUP_S)
+    azure_s = 600.0 if quick else 1800.0
+    return [
+        ("gamma-cv1", dict(kind="gamma", cv=1.0, **base), small),
+        ("gamma-cv2", dict(kind="gamma", cv=2.0, **base), small),
+        ("gamma-cv4", dict(kind="gamma", cv=4.0, **base), small),
+        ("spike", dict(kind="spike", spike_x=10.0, spike_s=30.0, **{**base, "rate": 200.0}), small),
+        ("diurnal", dict(kind="diurnal", swing=4.0, **base), small),
+        ("azure-1000", dict(kind="azure", functions=1000, seconds=azure_s), SimConfig(gpus=100, warmup_s=WARMUP_S)),
+    ]
+
+
+def verdicts(name: str, result: dict) -> list[str]:
+    p = result["policies"]
+    shoal = p["shoal"]
+    lines = []
+    for other in ("kpa", "ray"):
+        fewer = shoal["replica_slice_seconds"] < p[other]["replica_slice_seconds"]
+        as_good = shoal["slo_attainment"] >= p[other]["slo_attainment"]
+        ratio = shoal["replica_slice_seconds"] / p[other]["replica_slice_seconds"]
+        lines.append(f"  shoal vs {other}: {ratio:.2f}x the slice-seconds at SLO {shoal['slo_attainment']:.4%} vs "
+                     f"{p[other]['slo_attainment']:.4%}: {'met' if fewer and as_good else 'NOT met'}")
+    if name == "gamma-cv4":
+        ok = shoal["slo_attainment"] >= 0.999 and shoal["vs_oracle"] <= 1.2
+        lines.append(f"  target at CV 4: SLO >= 99.9 % ({shoal['slo_attainment']:.4%}) and <= 1.2x the oracle "
+                     f"({shoal['vs_oracle']:.2f}x): {'met' if ok else 'NOT met'}")
+    return lines
+
+
+def scale_run(tick_s: float, seconds: float) -> dict:
+    trace = make_trace("azure", functions=10000, seconds=seconds, seed=0)
+    profiles = assign_profiles(trace, 0)
+    started = time.perf_counter()
+    sim = Simulation(trace, profiles, ShoalPolicy(), SimConfig(gpus=1000, tick_s=tick_s), warm_start(trace, profiles))
+    record = sim.run()
+    record["wall_with_setup_s"] = round(time.perf_counter() - started, 2)
+    return {"tick_s": tick_s, "seconds": seconds, "functions": 10000, "gpus": 1000, **record}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter traces (a smoke run, not for the record)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=Path("loadtests/bench/results/policy.json"))
+    args = parser.parse_args(argv)
+    out: dict = {"traces": {}, "simulated": True}
+    for name, options, config in scenarios(args.quick):
+        options = dict(options)
+        kind = options.pop("kind")
+        trace = make_trace(kind, seed=args.seed, **options)
+        result = simulate(trace, POLICIES, config, seed=args.seed)
+        out["traces"][name] = result
+        print(f"\n== {name}")
+        print(render(result))
+        print("\n".join(verdicts(name, result)), flush=True)
+    seconds = 600.0 if args.quick else 3600.0
+    out["scale"] = [scale_run(tick, seconds) for tick in (1.0, 2.0)]
+    print("\n== scale: Shoal, 10,000 functions (azure-like), 1,000 simulated GPUs")
+    for s in out["scale"]:
+        met = s["wall_s"] <= 60 * seconds / 3600
+        print(f"  tick {s['tick_s']:.0f} s: {s['seconds']:.0f} simulated s, {s['requests']:,} requests in "
+              f"{s['wall_s']:.1f} s of wall time (target <= 60 s for an hour: {'met' if met else 'NOT met'}); "
+              f"SLO {s['slo_attainment']:.4%}")
+    from loadtests.bench import placement
+
+    out["placement"] = placement.run(seed=args.seed)
+    print("\n== placement")
+    print(placement.render(out["placement"]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

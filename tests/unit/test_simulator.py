@@ -1,0 +1,601 @@
+"""The cluster simulator (autoscaler/simulator.py) and `shoal simulate` (deploy/simulate.py).
+
+Table-driven on tiny hand-made traces; expected latencies carry their arithmetic. Unless
+a case says otherwise: one function "f0" with profile P10 = batch-1 latency 10 ms on its
+reference slice (0.25 of a GPU, so speed 1), no cold start, SLO 1 s; SimConfig(gpus=1),
+1-s ticks, 60-s timeout. Latencies are read exactly by a Simulation subclass that records
+what `_account` is given; the record's p50/p95/p99 come from a log histogram whose bins
+are 10^(1/50) = 4.7 % wide and report a bin's upper edge, so they are compared as
+true <= reported < true x 1.0471.
+
+Accounting invariant (from run(), _hold_cold, _expire_held, _reset_counts, _account):
+every counted request is either served in the tick it is released (counted in `served`;
+also in `timed_out` when its latency is over timeout_s), expires while held (timed_out),
+or is still held at the end (timed_out). Hence
+    requests == served + timed_out - (served with latency > timeout_s),
+    hist.sum() == served, within_slo <= served <= requests,
+and, after a warm-up, requests == (trace requests at or after warmup_s) + (held then)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoscaler import simulator as S
+from autoscaler.policy import ScaleDecision
+from autoscaler.simulator import (
+    POLICIES,
+    PROFILES,
+    Profile,
+    Scheduled,
+    ShoalPolicy,
+    SimConfig,
+    Simulation,
+    _fewest_replicas,
+    kpa_policy,
+    oracle_counts,
+    oracle_policy,
+    ray_policy,
+    simulate,
+    static_policy,
+    warm_start,
+)
+from autoscaler.traces import Trace, make_trace
+from deploy import simulate as cli
+
+BIN = 10 ** (1 / 50)  # histogram bin width ratio (4.7 %)
+P10 = Profile("p10", ((1, 10.0),), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000)
+TOL = 1e-9
+
+
+class Recording(Simulation):
+    """Records every served latency (seconds) and its function; forgets them at the warm-up
+    boundary, as the simulation forgets its counts."""
+
+    instances: list[Recording] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.latencies: list[float] = []
+        self.lat_fids: list[int] = []
+        self.paths: list[str] = []
+        self.held_at_reset: int | None = None
+        Recording.instances.append(self)
+
+    def _account(self, f, latency, s, n_f):
+        self.latencies.extend(latency.tolist())
+        self.lat_fids.extend(f.tolist())
+        super()._account(f, latency, s, n_f)
+
+    def _reset_counts(self):
+        self.held_at_reset = sum(len(v) for v in self.held.values())
+        self.latencies, self.lat_fids = [], []
+        super()._reset_counts()
+
+    def _serve_interleaved(self, *args):
+        self.paths.append("interleaved")
+        return super()._serve_interleaved(*args)
+
+    def _serve_one_by_one(self, *args):
+        self.paths.append("one_by_one")
+        return super()._serve_one_by_one(*args)
+
+
+class OneByOne(Recording):
+    """The reference: every function served one request at a time from a heap."""
+
+    def _serve_interleaved(self, a, f, t0, slots, offset, service, latency_extra):
+        return self._serve_one_by_one(a, f, slots, offset, service, latency_extra)
+
+
+def trace_of(times, fids=None, duration=2.0, functions=1) -> Trace:
+    times = np.asarray(times, float)
+    fids = np.zeros(len(times), np.int32) if fids is None else np.asarray(fids, np.int32)
+    return Trace(kind="csv", duration_s=duration, functions=tuple(f"f{i}" for i in range(functions)),
+                 times=times, fids=fids, params={})
+
+
+def ms(values) -> list[float]:
+    return sorted(v * 1000.0 for v in values)
+
+
+def check_quantile(reported_ms, latencies_s, q):
+    """The record's quantile is the upper edge of the bin holding sorted[ceil(q n) - 1]."""
+    true = sorted(latencies_s)[math.ceil(q * len(latencies_s)) - 1] * 1000.0
+    assert true - 1e-3 <= reported_ms < true * BIN + 1e-3, (reported_ms, true)
+
+
+class Starting(Scheduled):
+    """A scheduled baseline whose replicas take `cold` seconds to become ready."""
+
+    def __init__(self, changes, cold):
+        super().__init__("starting", changes)
+        self.cold = cold
+
+    def cold_start_s(self, profile):
+        return self.cold
+
+
+def lazy_policy(start_at: float) -> S._Reactive:
+    """Reactive, but keeps a function at zero until `start_at`, then asks for 1 replica."""
+    def step(snapshot, spec, state, now):
+        return ScaleDecision(1 if now >= start_at else 0, "LAZY"), state
+
+    return S._Reactive("lazy", step, lambda: None)
+
+
+# ---------------------------------------------------------------------- 1. exact serving
+
+SERVE_CASES = [
+    # id, arrivals (s), replicas, profile, expected latencies (ms)
+    # 4 at once on 2 replicas of 10 ms: two finish at 10, the next two queue behind them: 20
+    ("4-at-once-on-2", [0, 0, 0, 0], 2, P10, [10, 10, 20, 20]),
+    # 3 at once on 1: 10, 20, 30
+    ("3-at-once-on-1", [0, 0, 0], 1, P10, [10, 20, 30]),
+    # 1 replica: t=0 done .010; t=.005 waits to .010, done .020 (15); t=.1 idle again (10)
+    ("queue-then-idle", [0, 0.005, 0.1], 1, P10, [10, 15, 10]),
+    # 2 replicas: 0,0 -> done 10,10; .005,.005 wait until .010, done .020: 15, 15
+    ("second-round-waits", [0, 0, 0.005, 0.005], 2, P10, [10, 10, 15, 15]),
+    # a half-GPU slice of a profile measured on a quarter: speed 0.25/0.5 -> 5 ms; 5, 10
+    ("bigger-slice-faster", [0, 0], 1, Profile("half", ((1, 10.0),), 0.5, 0.25, cold_start_s=0.0, slo_ms=1000),
+     [5, 10]),
+    # batching: 200 at once on 1 replica of ((1,10),(8,20)) ms. Batch rule: b = ceil(200/s x lat(b)),
+    # b0=1: ceil(200 x .010)=2, lat(2)=10+10/7=11.43; ceil(200 x .01143)=ceil(2.29)=3, lat(3)=90/7=12.86 ms.
+    # A request occupies 90/7/3 = 30/7 ms, the rest of the batch latency is 60/7 ms:
+    # request k (0-based) takes (k+1) x 30/7 + 60/7 ms (first 90/7 = 12.86, last 865.7)
+    ("batch-of-3", [0] * 200, 1, Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000),
+     [(k + 1) * 30 / 7 + 60 / 7 for k in range(200)]),
+]
+
+
+@pytest.mark.parametrize("arrivals, replicas, profile, expected",
+                         [c[1:] for c in SERVE_CASES], ids=[c[0] for c in SERVE_CASES])
+def test_serving_is_exact(arrivals, replicas, profile, expected):
+    sim = Recording(trace_of(arrivals), [profile], static_policy({0: {0: replicas}}), SimConfig(gpus=1))
+    record = sim.run()
+    assert ms(sim.latencies) == pytest.approx(sorted(expected), abs=1e-6)
+    assert sim.paths == ["interleaved"]  # idle identical servers: the vectorized path
+    assert record["requests"] == record["served"] == len(arrivals) and record["timed_out"] == 0
+    assert int(sim.hist.sum()) == len(arrivals)
+    for q in (50, 95, 99):
+        check_quantile(record[f"p{q}_ms"], sim.latencies, q / 100)
+
+
+ONE_BY_ONE_CASES = [
+    # id, arrivals, expected latencies (ms), path. Replica A warm (free at 0); B started at t=0 with
+    # a 0.5-s start, free from 0.5: 0.5 s apart > one 10-ms service -> served one at a time.
+    # 3 at once: all on A (A is free again at .01, .02 long before B): 10, 20, 30
+    # (the interleaved rule would have sent the 2nd to B: done at .51)
+    ("3-wait-for-A", [0, 0, 0], [10, 20, 30], "one_by_one"),
+    # 52 at once: A serves 50 by 0.50 (10, 20, ..., 500 ms); at 0.5 A and B are both free:
+    # the 51st and 52nd are done at .51 (510, 510)
+    ("52-B-joins-at-0.5", [0] * 52, [10 * k for k in range(1, 51)] + [510, 510], "one_by_one"),
+    # one at .6: both free before it (max(free, .6) equal for both): the interleaved path; 10
+    ("late-one", [0.6], [10], "interleaved"),
+]
+
+
+@pytest.mark.parametrize("arrivals, expected, path", [c[1:] for c in ONE_BY_ONE_CASES],
+                         ids=[c[0] for c in ONE_BY_ONE_CASES])
+def test_serving_one_by_one_while_a_replica_starts(arrivals, expected, path):
+    sim = Recording(trace_of(arrivals), [P10], Starting({0: [(0, 2)]}, cold=0.5), SimConfig(gpus=1), initial={0: 1})
+    record = sim.run()
+    assert ms(sim.latencies) == pytest.approx(sorted(expected), abs=1e-6)
+    assert sim.paths == [path]
+    assert record["served"] == len(arrivals) and record["cold_starts"] == 2  # the initial one and B
+
+
+@st.composite
+def idle_cluster(draw):
+    """1-2 functions, 1-4 idle replicas each, 1-25 arrivals each in one tick [0, 1)."""
+    profiles = [Profile("a", ((1, 1.0),), cold_start_s=0.0), Profile("b", ((1, 10.0),), cold_start_s=0.0),
+                Profile("c", ((1, 4.0), (8, 6.0), (32, 14.0)), cold_start_s=0.0),
+                Profile("d", ((1, 30.0), (4, 45.0)), 0.5, 0.5, cold_start_s=0.0)]
+    n = draw(st.integers(1, 2))
+    chosen = [profiles[draw(st.integers(0, len(profiles) - 1))] for _ in range(n)]
+    replicas = [draw(st.integers(1, 4)) for _ in range(n)]
+    times, fids = [], []
+    for fid in range(n):
+        arrivals = draw(st.lists(st.floats(0, 0.999, allow_nan=False), min_size=1, max_size=25))
+        times += arrivals
+        fids += [fid] * len(arrivals)
+    order = np.argsort(times, kind="stable")
+    return chosen, replicas, np.asarray(times)[order], np.asarray(fids, np.int64)[order]
+
+
+def serve_inputs(sim, a, f):
+    """What Simulation._serve hands its two solvers (the same lines, for one tick at t0 = 0)."""
+    order = np.argsort(f, kind="stable")
+    a, f = a[order], f[order]
+    n_f = np.bincount(f, minlength=len(sim.profiles))
+    srv = sim.servers
+    slots = np.flatnonzero(srv.alive)
+    slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]
+    offset = np.searchsorted(srv.fid[slots], np.arange(len(sim.profiles)))
+    service, extra = sim._service_times(n_f, slots, sim.config.tick_s)
+    return a, f, slots, offset, service, extra
+
+
+def per_function(f, values, n):
+    f, values = np.asarray(f), np.asarray(values)
+    return [np.sort(values[f == fid]) for fid in range(n)]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(idle_cluster())
+def test_interleaved_equals_one_by_one_on_idle_servers(case):
+    profiles, replicas, a, f = case
+    n = len(profiles)
+    sim = Simulation(trace_of([], duration=1.0, functions=n), profiles, static_policy({}), SimConfig(gpus=4))
+    for fid, count in enumerate(replicas):
+        sim._start(fid, count, 0.0)  # a Scheduled policy: no cold start, so idle from 0
+    a, f, slots, offset, service, extra = serve_inputs(sim, a, f)
+    free0 = sim.servers.free.copy()
+    f1, lat1, s1 = sim._serve_interleaved(a, f, 0.0, slots, offset, service, extra)
+    free1 = sim.servers.free[slots].copy()
+    sim.servers.free[:] = free0
+    f2, lat2, s2 = sim._serve_one_by_one(a, f, slots, offset, service, extra)
+    free2 = sim.servers.free[slots].copy()
+    for x, y in zip(per_function(f1, lat1, n), per_function(f2, lat2, n)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=TOL)
+    fid_of_slot = sim.servers.fid[slots]
+    for x, y in zip(per_function(fid_of_slot, free1, n), per_function(fid_of_slot, free2, n)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=TOL)  # the same busy-until times are left behind
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["static", "oracle", "shoal", "kpa"]))
+def test_whole_runs_match_the_one_by_one_reference(seed, policy):
+    """Whichever path _serve picks tick by tick (the reactive policies' new replicas beside busy
+    ones take the one-by-one path), a run's latencies equal the all-heap reference's."""
+    trace = make_trace("gamma", functions=2, seconds=4, seed=seed, rate=40, cv=3)
+    profiles = [PROFILES[seed % 4], PROFILES[(seed // 4) % 4]]
+    counts = oracle_counts(trace, profiles, 1.0)
+    makers = {"static": lambda: static_policy(counts), "oracle": lambda: oracle_policy(counts),
+              "shoal": ShoalPolicy, "kpa": kpa_policy}
+    initial = warm_start(trace, profiles, counts) if policy in ("shoal", "kpa") else None
+    runs = []
+    for cls in (Recording, OneByOne):
+        sim = cls(trace, profiles, makers[policy](), SimConfig(gpus=2), initial=initial)
+        sim.run()
+        runs.append(sim)
+    assert len(runs[0].latencies) == len(runs[1].latencies) > 0
+    for x, y in zip(per_function(runs[0].lat_fids, runs[0].latencies, 2),
+                    per_function(runs[1].lat_fids, runs[1].latencies, 2)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=TOL)
+
+
+# ---------------------------------------------------------------------- 2. conservation
+
+REQUIRED_KEYS = ("requests", "served", "timed_out", "slo_attainment", "replica_slice_seconds", "whole_gpu_seconds",
+                 "cold_starts", "cold_start_requests", "p50_ms", "p95_ms", "p99_ms", "oracle_replica_slice_seconds",
+                 "vs_oracle")
+
+CONSERVATION_CASES = [
+    # id, make_trace kwargs, SimConfig. "roomy": 2 light functions on 2 GPUs, nothing times out.
+    # "crowded": 10 bursty functions (6 resnet50, 3 mlp-small, 1 whisper-tiny at seed 1) on 1 GPU,
+    # timeout 1 s: replicas are unplaceable, requests are held (some across the warm-up) and
+    # expire, and under kpa some served ones wait more than 1 s.
+    ("roomy", dict(kind="poisson", functions=2, seconds=10, seed=3, rate=5), SimConfig(gpus=2)),
+    ("roomy-warmup", dict(kind="poisson", functions=2, seconds=10, seed=3, rate=5), SimConfig(gpus=2, warmup_s=3)),
+    ("crowded", dict(kind="gamma", functions=10, seconds=10, seed=0, rate=8, cv=4),
+     SimConfig(gpus=1, timeout_s=1.0, warmup_s=2)),
+]
+
+
+@pytest.mark.parametrize("kwargs, config", [c[1:] for c in CONSERVATION_CASES], ids=[c[0] for c in CONSERVATION_CASES])
+def test_every_request_is_accounted(monkeypatch, kwargs, config):
+    kwargs = dict(kwargs)
+    trace = make_trace(kwargs.pop("kind"), **kwargs)
+    Recording.instances = []
+    monkeypatch.setattr(S, "Simulation", Recording)  # simulate() builds its runs from the module's name
+    result = simulate(trace, list(POLICIES), config, seed=1)
+    assert set(result) == {"policies", "trace", "cluster"}
+    assert list(result["policies"]) == list(POLICIES)
+    assert [s.policy.name for s in Recording.instances] == list(POLICIES)
+    after_warmup = int(np.count_nonzero(trace.times >= config.warmup_s))
+    for sim, (name, record) in zip(Recording.instances, result["policies"].items()):
+        assert all(key in record for key in REQUIRED_KEYS), name
+        over = sum(1 for x in sim.latencies if x > config.timeout_s)
+        held = sim.held_at_reset or 0
+        assert record["requests"] == after_warmup + held, name
+        assert record["requests"] == record["served"] + record["timed_out"] - over, name
+        assert int(sim.hist.sum()) == record["served"] == len(sim.latencies), name
+        assert sim.within_slo <= record["served"] <= record["requests"], name
+        assert 0.0 <= record["slo_attainment"] <= 1.0, name
+        assert record["slo_attainment"] == pytest.approx(sim.within_slo / max(1, record["requests"]))
+        assert record["oracle_replica_slice_seconds"] == result["policies"]["oracle"]["oracle_replica_slice_seconds"]
+    if kwargs.get("functions") == 10:  # the crowded case does exercise every term
+        assert any(s.held_at_reset for s in Recording.instances)
+        assert any(x > config.timeout_s for s in Recording.instances for x in s.latencies)
+        assert all(r["timed_out"] > 0 for r in result["policies"].values())
+    assert result["trace"]["requests"] == len(trace)
+    assert result["cluster"]["gpus"] == config.gpus and result["cluster"]["warmup_s"] == config.warmup_s
+    assert "simulated" in result["cluster"]["note"]
+    json.loads(json.dumps(result))  # JSON-ready
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="unknown policy 'fifo'"):
+        simulate(trace_of([0.1]), ["shoal", "fifo"], SimConfig(gpus=1), profiles=[P10])
+
+
+HELD_CASES = [
+    # id, timeout_s, start_at, duration, expected (served, timed_out, latencies ms)
+    # request at 0.5 held (the policy keeps 0 until 1.5); decided 1 at the end of tick 1 (t=2.0),
+    # ready at once; released at tick 2: done 2.01 -> 1510 ms
+    ("held-then-served", 60.0, 1.5, 3.0, (1, 0, [1510])),
+    # never started, timeout 1 s: at the end of tick 1 (t=2) 0.5 <= 2 - 1: expired
+    ("held-expires", 1.0, 99.0, 3.0, (0, 1, [])),
+    # never started, timeout 60 s: still held when the run ends -> counted as timed out
+    ("held-at-the-end", 60.0, 99.0, 3.0, (0, 1, [])),
+]
+
+
+@pytest.mark.parametrize("timeout, start_at, duration, expected", [c[1:] for c in HELD_CASES],
+                         ids=[c[0] for c in HELD_CASES])
+def test_held_requests_are_served_or_time_out(timeout, start_at, duration, expected):
+    sim = Recording(trace_of([0.5], duration=duration), [P10], lazy_policy(start_at),
+                    SimConfig(gpus=1, timeout_s=timeout))
+    record = sim.run()
+    served, timed_out, latencies = expected
+    assert (record["requests"], record["served"], record["timed_out"]) == (1, served, timed_out)
+    assert ms(sim.latencies) == pytest.approx(latencies, abs=1e-6)
+    assert record["cold_start_requests"] == 1
+
+
+# ---------------------------------------------------------------------- 3. the oracle and static
+
+P4 = dict(latency_ms=((1, 4.0),), cold_start_s=0.0)
+BATCHY = ((1, 10.0), (8, 20.0))
+
+FEWEST_CASES = [
+    # id, arrivals, latency profile, SLO ms, expected replicas
+    # 10 at once, 4 ms each (the docstring): c replicas finish the last at ceil(10/c) x 4 ms;
+    # SLO 10: c=2 -> 20, c=4 -> 12, c=5 -> 8 <= 10 -> 5
+    ("docstring", [0.0] * 10, P4["latency_ms"], 10, 5),
+    ("slo-13", [0.0] * 10, P4["latency_ms"], 13, 4),  # c=3 -> 16 > 13, c=4 -> 12
+    ("slo-21", [0.0] * 10, P4["latency_ms"], 21, 2),  # c=1 -> 40, c=2 -> 20
+    ("slo-41", [0.0] * 10, P4["latency_ms"], 41, 1),  # c=1 -> 40
+    ("slo-7-exactly-one-round", [0.0] * 10, P4["latency_ms"], 7, 10),  # needs one round (4 ms): c=10
+    ("impossible-capped-at-n", [0.0] * 10, P4["latency_ms"], 3, 10),  # 4 ms > 3 ms for anyone: n
+    # 1 ms apart, 10 ms each: one replica finishes the 2nd at 20 ms, 19 ms after it came
+    ("two-close-slo-15", [0.0, 0.001], ((1, 10.0),), 15, 2),
+    ("two-close-slo-20", [0.0, 0.001], ((1, 10.0),), 20, 1),
+    # the work rule: 300 evenly over the tick on ((1,10),(8,20)) ms, SLO 10 s (never binding).
+    # low = ceil(300 x .010 / 8) = 1. c=1: b = ceil(300 x .010) = 3 (12.86 ms), then
+    # ceil(300 x .01286) = 4: lat(4) = 10 + 30/7 = 14.29 ms, 3.57 ms a request: 300 x 3.57 ms =
+    # 1.07 s of work > 1 s -> no. c=2: b = ceil(150 x .010) = 2 (11.43 ms), ceil(150 x .01143) = 2:
+    # 5.71 ms a request, 300 x 5.71 = 1.71 s <= 2 s -> 2
+    ("work-rule", [k / 300 for k in range(300)], BATCHY, 10_000, 2),
+]
+
+
+@pytest.mark.parametrize("arrivals, latency_ms, slo_ms, expected", [c[1:] for c in FEWEST_CASES],
+                         ids=[c[0] for c in FEWEST_CASES])
+def test_fewest_replicas(arrivals, latency_ms, slo_ms, expected):
+    profile = Profile("p", latency_ms, cold_start_s=0.0, slo_ms=slo_ms)
+    assert _fewest_replicas(np.asarray(arrivals), profile, 1.0) == expected
+
+
+def test_work_rule_decides_where_latency_alone_would_not():
+    """The work-rule case above: one replica would keep every request far inside the 10-s SLO
+    (FIFO over 300 requests 3.33 ms apart, 3.57 ms each, + 10.71 ms of batch: under 0.1 s)."""
+    a = [k / 300 for k in range(300)]
+    lat, s = (10 + 30 / 7) / 1000, (10 + 30 / 7) / 4 / 1000
+    done, worst = 0.0, 0.0
+    for t in a:
+        done = max(done, t) + s
+        worst = max(worst, done - t + lat - s)
+    assert worst < 0.1
+    assert 300 * s > 1.0  # more work than the tick holds
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(arrivals=st.lists(st.floats(0, 0.999, allow_nan=False), min_size=1, max_size=12),
+       latency=st.sampled_from([1.0, 4.0, 10.0, 30.0]), slo=st.sampled_from([5.0, 15.0, 50.0, 200.0]))
+def test_fewest_replicas_equals_brute_force(arrivals, latency, slo):
+    """Batch-1 profiles: the fewest idle FIFO replicas (earliest free first) that serve every
+    request within the SLO and hold the tick's work; n if none does."""
+    a = np.sort(np.asarray(arrivals))
+    s = latency / 1000
+    n = len(a)
+
+    def fits(c):
+        heap = [0.0] * c
+        worst = 0.0
+        for t in a.tolist():
+            done = max(heapq.heappop(heap), t) + s
+            heapq.heappush(heap, done)
+            worst = max(worst, done - t)
+        return worst <= slo / 1000 + 1e-12 and n * s <= c * 1.0
+
+    expected = next((c for c in range(1, n + 1) if fits(c)), n)
+    assert _fewest_replicas(a, Profile("p", ((1, latency),), cold_start_s=0.0, slo_ms=slo), 1.0) == expected
+
+
+def test_oracle_counts_and_changes():
+    # f0: 10 at once in tick 0 (SLO 10 ms, 4 ms -> 5), 1 in tick 1 (-> 1), none in tick 2, 1 in tick 3
+    # f1: 2 requests in tick 2 only (10 ms, SLO 1 s -> 1)
+    times = [0.0] * 10 + [1.5, 2.2, 2.3, 3.1]
+    fids = [0] * 10 + [0, 1, 1, 0]
+    trace = trace_of(times, fids, duration=4.0, functions=2)
+    profiles = [Profile("p", ((1, 4.0),), cold_start_s=5.0, slo_ms=10), P10]
+    counts = oracle_counts(trace, profiles, 1.0)
+    assert counts == {0: {0: 5, 1: 1, 3: 1}, 1: {2: 1}}
+    oracle = oracle_policy(counts)
+    assert oracle.cold_start_s(profiles[0]) == 0.0  # perfect foresight: no cold start
+    # changes: f0 5 at tick 0, 1 at 1, 0 at 2 (idle tick), 1 at 3, 0 at 4; f1 1 at 2, 0 at 3
+    assert [oracle.scheduled(k) for k in range(5)] == [[(0, 5)], [(0, 1)], [(0, 0), (1, 1)], [(0, 1), (1, 0)],
+                                                       [(0, 0)]]
+    assert static_policy(counts).scheduled(0) == [(0, 5), (1, 1)]  # the peaks, warm from the start
+    assert static_policy(counts).scheduled(1) == []
+
+
+def test_oracle_run_has_no_cold_start_and_costs_its_counts():
+    # the trace above; every request is done well before its tick ends, so no removal is charged
+    # beyond the tick: slice-seconds = (5 + 1 + 1) ticks x 0.25 + 1 tick x 0.25 = 2.0
+    times = [0.0] * 10 + [1.5, 2.2, 2.3, 3.1]
+    fids = [0] * 10 + [0, 1, 1, 0]
+    trace = trace_of(times, fids, duration=4.0, functions=2)
+    profiles = [Profile("p", ((1, 4.0),), cold_start_s=5.0, slo_ms=10), P10]
+    result = simulate(trace, ["oracle", "static"], SimConfig(gpus=2), profiles=profiles)
+    oracle, static = result["policies"]["oracle"], result["policies"]["static"]
+    assert oracle["cold_start_requests"] == 0
+    assert oracle["slo_attainment"] == 1.0  # f0's 10: two rounds of 5 -> 4, 8 ms; the rest 4 or 10 ms
+    assert oracle["replica_slice_seconds"] == oracle["oracle_replica_slice_seconds"] == 2.0
+    assert oracle["vs_oracle"] == 1.0
+    assert oracle["replica_seconds"] == 5 + 1 + 1 + 1  # replica-ticks of 1 s
+    # static holds the peaks (5 + 1) for all 4 ticks: 24 replica-seconds, 24 x 0.25 = 6 slice-seconds
+    assert static["replica_seconds"] == 24.0 and static["replica_slice_seconds"] == 6.0
+    assert static["vs_oracle"] == 3.0 and static["cold_start_requests"] == 0
+
+
+STATIC_CASES = [
+    # id, replicas, duration, warmup_s, expected replica-seconds: replicas x counted seconds
+    ("2x3s", 2, 3.0, 0.0, 2 * 3),
+    ("3x5s-warm2", 3, 5.0, 2.0, 3 * (5 - 2)),
+    ("1x2.5s", 1, 2.5, 0.0, 1 * 3),  # ceil(2.5) = 3 ticks of 1 s are simulated and charged
+]
+
+
+@pytest.mark.parametrize("replicas, duration, warmup, expected", [c[1:] for c in STATIC_CASES],
+                         ids=[c[0] for c in STATIC_CASES])
+def test_static_is_constant(replicas, duration, warmup, expected):
+    sim = Simulation(trace_of([0.1], duration=duration), [P10], static_policy({0: {0: replicas}}),
+                     SimConfig(gpus=1, warmup_s=warmup))
+    record = sim.run()
+    assert record["replica_seconds"] == expected
+    assert record["replica_slice_seconds"] == expected * 0.25
+    assert record["whole_gpu_seconds"] == expected / replicas  # all on the one GPU
+    assert record["cold_starts"] == (0 if warmup else replicas)  # started at tick 0, before a warm-up
+
+
+def test_oracle_start_at_the_warmup_boundary_is_counted():
+    # warm-up 1 s; requests only in tick 1 -> the oracle starts 1 replica at t=1 (after the warm-up)
+    trace = trace_of([1.2, 1.3], duration=3.0)
+    sim = Simulation(trace, [P10], oracle_policy(oracle_counts(trace, [P10], 1.0)), SimConfig(gpus=1, warmup_s=1.0))
+    record = sim.run()
+    assert record["cold_starts"] == 1
+    assert record["decisions"] == {"SCHEDULED": 2}  # start at t=1, stop at t=2
+
+
+def test_warm_start():
+    # 2 functions over 10 s: f0 30 requests (3/s), f1 none (< 1 a minute: starts cold)
+    trace = trace_of(np.linspace(0, 9.9, 30), duration=10.0, functions=2)
+    # with counts: f0's first count 2 / 0.7 = 2.86 -> 3
+    assert warm_start(trace, [P10, P10], {0: {0: 2, 5: 9}}) == {0: 3}
+    # without: 3/s x 10 ms = 0.03 / 0.7 -> at least 1
+    assert warm_start(trace, [P10, P10]) == {0: 1}
+
+
+# ---------------------------------------------------------------------- 4. cold start
+
+COLD_CASES = [
+    # id, arrival, policy maker: one request to a function at zero, cold start 2 s, 10 ms service.
+    # Held at the activator, the policy asked at the arrival, the replica ready 2 s later:
+    # latency 2.000 + 0.010 = 2.010 s
+    ("shoal-at-0", 0.0, ShoalPolicy),
+    ("shoal-at-0.5", 0.5, ShoalPolicy),
+    ("kpa", 0.5, kpa_policy),
+    ("ray", 0.5, ray_policy),
+]
+
+
+@pytest.mark.parametrize("arrival, make", [c[1:] for c in COLD_CASES], ids=[c[0] for c in COLD_CASES])
+def test_cold_start_latency(arrival, make):
+    profile = Profile("cold", ((1, 10.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000)
+    sim = Recording(trace_of([arrival], duration=5.0), [profile], make(), SimConfig(gpus=1))
+    record = sim.run()
+    assert sim.latencies == pytest.approx([2.010], abs=1e-9)
+    assert record["cold_start_requests"] == 1 and record["cold_starts"] == 1
+    assert record["slo_attainment"] == 0.0  # 2.01 s > 1 s
+    check_quantile(record["p50_ms"], sim.latencies, 0.5)
+
+
+# ---------------------------------------------------------------------- 5. warm-up
+
+WARMUP_CASES = [
+    # id, warmup_s, tick_s, expected counted requests: arrivals 0.5, 0.7 | 1.5, 1.6, 1.7 | 2.5
+    ("none", 0.0, 1.0, 6),
+    ("1s", 1.0, 1.0, 4),  # 1.5, 1.6, 1.7, 2.5
+    ("2s", 2.0, 1.0, 1),  # 2.5
+    ("1.5s-half-ticks", 1.5, 0.5, 4),  # 3 ticks of 0.5 s: [1.5, 2.0) is the first counted: 1.5, 1.6, 1.7, 2.5
+]
+
+
+@pytest.mark.parametrize("warmup, tick, expected", [c[1:] for c in WARMUP_CASES], ids=[c[0] for c in WARMUP_CASES])
+def test_warmup_excludes_earlier_requests(warmup, tick, expected):
+    arrivals = [0.5, 0.7, 1.5, 1.6, 1.7, 2.5]
+    sim = Recording(trace_of(arrivals, duration=3.0), [P10], static_policy({0: {0: 1}}),
+                    SimConfig(gpus=1, warmup_s=warmup, tick_s=tick))
+    record = sim.run()
+    assert record["requests"] == record["served"] == expected
+    assert int(sim.hist.sum()) == expected
+
+
+def test_warmup_counts_requests_held_across_it():
+    # the held-then-served case with warm-up 1 s: the request at 0.5 is still held at t=1,
+    # so it is counted (requests 1) and answered after (1510 ms)
+    sim = Recording(trace_of([0.5], duration=3.0), [P10], lazy_policy(1.5), SimConfig(gpus=1, warmup_s=1.0))
+    record = sim.run()
+    assert (record["requests"], record["served"], record["timed_out"]) == (1, 1, 0)
+    assert ms(sim.latencies) == pytest.approx([1510], abs=1e-6)
+
+
+@pytest.mark.parametrize("warmup, tick", [(0.5, 1.0), (1.25, 0.5), (2.3, 1.0)])
+def test_warmup_must_be_whole_ticks(warmup, tick):
+    sim = Simulation(trace_of([0.1], duration=3.0), [P10], static_policy({0: {0: 1}}),
+                     SimConfig(gpus=1, warmup_s=warmup, tick_s=tick))
+    with pytest.raises(ValueError, match="whole number of ticks"):
+        sim.run()
+
+
+# ---------------------------------------------------------------------- configuration errors
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: SimConfig(gpus=0), "gpus"),
+    (lambda: SimConfig(tick_s=0), "tick_s"),
+    (lambda: SimConfig(timeout_s=0), "timeout_s"),
+    (lambda: SimConfig(warmup_s=-1), "warmup_s"),
+    (lambda: Profile("x", ((2, 5.0),)), "batch size 1"),
+    (lambda: Profile("x", ((1, 5.0),), slice_fraction=1.5), "slice_fraction"),
+    (lambda: Simulation(trace_of([0.1], functions=2, fids=[1]), [P10], static_policy({})), "2 functions"),
+])
+def test_bad_configuration(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+# ---------------------------------------------------------------------- 6. the CLI
+
+def test_cli_writes_both_policies(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    rc = cli.main(["--trace", "poisson", "--rate", "5", "--functions", "2", "--seconds", "30",
+                   "--policy", "shoal,kpa", "--warmup-s", "0", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert set(result) == {"policies", "trace", "cluster"}
+    assert list(result["policies"]) == ["shoal", "kpa"]
+    assert result["trace"]["kind"] == "poisson" and result["trace"]["functions"] == 2
+    assert "simulated" in result["cluster"]["note"]
+    printed = capsys.readouterr().out
+    assert "shoal" in printed and "kpa" in printed and f"wrote {out}" in printed
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--policy", "shoal,fifo"], "unknown policy 'fifo'"),
+    (["--warmup-s", "0.5"], "whole number of ticks"),
+    (["--gpus", "0"], "gpus"),
+])
+def test_cli_errors_exit_2(capsys, extra, message):
+    rc = cli.main(["--trace", "poisson", "--rate", "1", "--functions", "1", "--seconds", "3", *extra])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shoal simulate: ") and message in err
