@@ -290,6 +290,11 @@ class Simulation:
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
         self.max_batch = np.array([p.max_batch for p in profiles])
         self.func_slice = np.array([p.slice_fraction for p in profiles])
+        groups: dict[tuple, list[int]] = {}  # functions sharing a latency profile share one table
+        for i, p in enumerate(profiles):
+            groups.setdefault(p.latency_ms, []).append(i)
+        self._lat_tables = [(np.array(ix), np.array([b for b, _ in key], float), np.array([m for _, m in key]) / 1000.0)
+                            for key, ix in groups.items()]
         self.cluster = SliceCluster(config.devices())
         self.servers = _Servers()
         self.slots: list[list[int]] = [[] for _ in range(n)]
@@ -508,12 +513,6 @@ class Simulation:
         return occupancy, lat - occupancy
 
     def _latency_s(self, batch: np.ndarray) -> np.ndarray:
-        if not hasattr(self, "_lat_tables"):
-            groups: dict[tuple, list[int]] = {}
-            for i, p in enumerate(self.profiles):
-                groups.setdefault(p.latency_ms, []).append(i)
-            self._lat_tables = [(np.array(ix), np.array([b for b, _ in key], float), np.array([m for _, m in key]) / 1000.0)
-                                for key, ix in groups.items()]
         out = np.empty(len(self.profiles))
         for ix, sizes, secs in self._lat_tables:
             out[ix] = np.interp(batch[ix], sizes, secs)
