@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("deploy.commands:top", "live table of functions, replicas, slices, duty cycle"),
     "export": ("deploy.commands:export", "write a function as a Nuclio function.yaml"),
     "replica": ("serving.replica:main", "serve one model artifact on one slice (V2, V1, /metrics)"),
+    "loadtest": ("loadtests.runner:main", "run a Locust scenario against a function and write a report"),
     "simulate": ("deploy.simulate:main", "compare scaling policies on a trace in the cluster simulator"),
     "demo": ("deploy.demo:main", "serve the example model and call it every way (make demo)"),
     "version": ("deploy.cli:version", "print Shoal's version"),

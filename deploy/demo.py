@@ -8,7 +8,10 @@
 5. calls it the other ways (tritonclient with binary tensors, KServe V1);
 6. sends a burst: the controller scales out on a slice per replica;
 7. goes idle: the function scales back to zero;
-8. restarts the control plane: the function is still there and serves.
+8. restarts the control plane: the function is still there and serves;
+9. load-tests it with Locust: a spike into the function at zero, and writes
+   the report (latency against the SLO, replicas and decisions, cold starts,
+   cost against a static peak allocation) to .shoal/demo/report/.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="shoal demo", description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", default=".shoal/demo", help="control-plane state for the demo (wiped first)")
     p.add_argument("--burst-s", type=float, default=8.0)
+    p.add_argument("--loadtest-s", type=float, default=30.0, help="length of the final load test")
+    p.add_argument("--spike-rate", type=float, default=60.0, help="requests per second in the load test's spike")
     args = p.parse_args(argv)
     from functions.examples.digits import build_digits_onnx, digits_data
 
@@ -59,9 +64,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   functions after restart: {names}; first request {r.status_code} in "
                   f"{(time.perf_counter() - started) * 1000:.0f} ms (cold: {r.headers.get('shoal-cold-start')})")
             _events(shoal)
+        _step(f"9. load test (shoal loadtest): a spike of {args.spike_rate:g} requests/s into the function at zero, open loop")
+        report = state / "report"
+        code = subprocess.call([sys.executable, "-m", "deploy.cli", "loadtest", "spike", "--function", "digits",
+                                "--from-zero", "--base-rate", "0", "--rate", str(args.spike_rate),
+                                "--duration", str(args.loadtest_s), "--url", url, "--state-dir", str(state),
+                                "--out", str(report), "--title", "demo: a spike into digits at zero"])
+        if code != 0:
+            print(f"   shoal loadtest failed with exit code {code}", file=sys.stderr)
+            return code
     finally:
         _down(plane)
-    print(f"\nlogs and registry: {state}/ (registry.db, logs/); the next issue adds the load-test report")
+    print(f"\nlogs and registry: {state}/ (registry.db, logs/)")
+    print(f"load-test report:   {(report / 'report.html').resolve()}  (open it in a browser; summary.json beside it)")
     return 0
 
 

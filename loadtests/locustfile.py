@@ -1,0 +1,236 @@
+"""Locust users for Shoal's V2 endpoints; also runs with the plain `locust` CLI.
+
+    locust -f loadtests/locustfile.py --headless --host http://127.0.0.1:8080 \\
+        --shoal-function digits --shoal-scenario spike --shoal-rate 40 --shoal-duration 60
+
+`shoal loadtest` runs exactly this file in a Locust process of its own (gevent
+must not share a process with the asyncio server or with urllib3 imported
+first; ../shared/PACKAGES.md).
+
+Two ways to send load, both following one of loadtests/scenarios.py's schedules:
+
+- open loop (the default): one `ArrivalUser` sends each request at its
+  scheduled time from a bounded pool of greenlets, whether or not earlier ones
+  have come back, so overload shows as latency and errors instead of a slower
+  client. An arrival that finds `--shoal-max-inflight` requests already
+  outstanding is recorded as a failure (`client: max in-flight`), never dropped
+  silently; requests still unanswered `--shoal-drain-s` after the last arrival
+  are recorded as failures too.
+- closed loop (`--shoal-users U`): up to U `InferenceUser`s, each sending its
+  next request when the last one returned, their number following the
+  scenario's rate curve (the `ScenarioShape`).
+
+The body is the model's own input tensors (from its V2 metadata, or
+`--shoal-inputs FILE` so that fetching metadata does not wake a function at
+zero), encoded once as JSON or binary (`--shoal-encoding`). With
+`--shoal-log FILE` every request is written as one CSV row: send time, the
+scheduled time, latency, status, function, error and the `Shoal-Cold-Start`
+header, which the report is made from.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.pool
+import numpy as np
+from locust import FastHttpUser, LoadTestShape, constant, events, task
+
+from loadtests.scenarios import SCENARIOS, Schedule, make_schedule
+from loadtests.tensors import ENCODINGS, Body, body_for
+
+LOG_FIELDS = ("start", "scheduled", "latency_ms", "status", "function", "error", "cold_start")
+
+
+@dataclass
+class Plan:
+    schedule: Schedule
+    bodies: dict[str, Body]
+    auth: dict[str, str]
+    users: int
+    max_inflight: int
+    drain_s: float
+    timeout_s: float
+    done: bool = False
+
+
+PLAN: Plan | None = None
+_LOG: Any = None
+_WRITER: Any = None
+_START_FILE: Path | None = None
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser) -> None:
+    g = parser  # Locust's own parser: an argument group would not take include_in_web_ui / is_secret
+    g.add_argument("--shoal-function", default="digits", help="function name(s), comma-separated (longtail: several)")
+    g.add_argument("--shoal-scenario", default="steady", choices=SCENARIOS)
+    g.add_argument("--shoal-rate", type=float, default=20.0, help="peak offered requests per second")
+    g.add_argument("--shoal-duration", type=float, default=60.0, help="seconds of arrivals")
+    g.add_argument("--shoal-seed", type=int, default=0)
+    g.add_argument("--shoal-users", type=int, default=0, help="closed loop with at most this many users (0: open loop)")
+    g.add_argument("--shoal-encoding", default="json", choices=ENCODINGS)
+    g.add_argument("--shoal-batch", type=int, default=1, help="rows per request (for -1 dimensions)")
+    g.add_argument("--shoal-inputs", default="", help="JSON file {function: V2 model metadata}")
+    g.add_argument("--shoal-token", default="", is_secret=True, env_var="LOCUST_SHOAL_TOKEN",
+                   help="bearer token (shoal up --auth-inference); better from the environment than argv")
+    g.add_argument("--shoal-log", default="", help="write one CSV row per request here")
+    g.add_argument("--shoal-max-inflight", type=int, default=1000)
+    g.add_argument("--shoal-drain-s", type=float, default=30.0, help="wait this long for answers after the last arrival")
+    g.add_argument("--shoal-timeout-s", type=float, default=60.0, help="client timeout per request")
+    g.add_argument("--shoal-options", default="{}", help="JSON of scenario options (base_rate, spike_s, cv, idle_s, ...)")
+
+
+@events.init.add_listener
+def _plan(environment, **_kw) -> None:
+    global PLAN, _LOG, _WRITER, _START_FILE
+    o = environment.parsed_options
+    if o is None or environment.host is None:
+        return
+    functions = [f.strip() for f in o.shoal_function.split(",") if f.strip()]
+    schedule = make_schedule(o.shoal_scenario, functions=functions, duration_s=o.shoal_duration, rate=o.shoal_rate,
+                             seed=o.shoal_seed, **json.loads(o.shoal_options))
+    auth = {"authorization": f"Bearer {o.shoal_token}"} if o.shoal_token else {}
+    metadata = json.load(open(o.shoal_inputs)) if o.shoal_inputs else {}
+    bodies = {}
+    for name in schedule.functions:
+        meta = metadata.get(name) or _metadata(environment.host, name, auth)
+        bodies[name] = body_for(meta, encoding=o.shoal_encoding, batch=o.shoal_batch, seed=o.shoal_seed)
+    PLAN = Plan(schedule, bodies, auth, o.shoal_users, o.shoal_max_inflight, o.shoal_drain_s, o.shoal_timeout_s)
+    for cls in (ArrivalUser, InferenceUser):
+        cls.network_timeout = cls.connection_timeout = o.shoal_timeout_s
+    ArrivalUser.concurrency = max(10, o.shoal_max_inflight)
+    if o.shoal_log:
+        _LOG = open(o.shoal_log, "w", newline="", buffering=1)
+        _WRITER = csv.writer(_LOG)
+        _WRITER.writerow(LOG_FIELDS)
+        _START_FILE = Path(o.shoal_log).with_suffix(".t0")
+
+
+def _mark_start(t: float) -> None:
+    """When the schedule's second 0 was: the report's time axis starts there."""
+    if _START_FILE is not None:
+        _START_FILE.write_text(f"{t:.6f}")
+
+
+@events.test_start.add_listener
+def _closed_loop_start(**_kw) -> None:
+    if PLAN is not None and PLAN.users > 0:
+        _mark_start(time.time())
+
+
+def _metadata(host: str, name: str, auth: dict[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(f"{host.rstrip('/')}/v2/models/{name}", headers=auth)
+    with urllib.request.urlopen(request, timeout=120) as r:  # a function at zero starts a replica for this
+        return json.load(r)
+
+
+@events.request.add_listener
+def _log(request_type, name, response_time, response_length, response=None, context=None, exception=None,
+         start_time=None, **_kw) -> None:
+    if _WRITER is None:
+        return
+    context = context or {}
+    status = getattr(response, "status_code", None) or 0
+    cold = ""
+    if response is not None and status:
+        cold = response.headers.get("shoal-cold-start") or ""
+    error = "" if exception is None else str(exception).replace("\n", " ")[:200]
+    _WRITER.writerow((f"{start_time or time.time():.6f}", context.get('scheduled', ''),
+                      f"{response_time:.3f}", status, context.get("function", name), error, cold))
+
+
+@events.quitting.add_listener
+def _close(**_kw) -> None:
+    if _LOG is not None:
+        _LOG.flush()
+        _LOG.close()
+
+
+def _send(user: FastHttpUser, function: str, scheduled: float | None) -> None:
+    body = PLAN.bodies[function]
+    user.client.post(f"/v2/models/{function}/infer", data=body.data, headers={**body.headers, **PLAN.auth},
+                     name=f"infer {function}",
+                     context={"function": function, "scheduled": "" if scheduled is None else f"{scheduled:.6f}"})
+
+
+class ArrivalUser(FastHttpUser):
+    """Open loop: the whole schedule, each request at its time, from one bounded pool."""
+
+    wait_time = constant(0)
+    concurrency = 1000
+
+    @task
+    def run_schedule(self) -> None:
+        plan = PLAN
+        pool = gevent.pool.Pool(plan.max_inflight)
+        names = plan.schedule.functions
+        started = time.time()
+        _mark_start(started)
+        for at, fid in zip(plan.schedule.times.tolist(), plan.schedule.fids.tolist()):
+            delay = started + at - time.time()
+            if delay > 0:
+                gevent.sleep(delay)
+            function = names[fid]
+            if pool.full():
+                _refused(self, function, started + at, f"client: max in-flight {plan.max_inflight} reached")
+                continue
+            pool.spawn(_send, self, function, started + at)
+        if not pool.join(timeout=plan.drain_s):
+            unanswered = len(pool)
+            pool.kill(block=True, timeout=5)
+            for _ in range(unanswered):
+                _refused(self, "?", time.time(), f"client: unanswered {plan.drain_s:g} s after the last arrival")
+        rest = started + plan.schedule.duration_s - time.time()
+        if rest > 0:  # the run lasts the whole schedule, quiet tail included: scale-in shows in the report
+            gevent.sleep(rest)
+        plan.done = True
+        gevent.sleep(3600)  # the shape ends the run on its next tick
+
+
+def _refused(user: FastHttpUser, function: str, scheduled: float, reason: str) -> None:
+    """A request the client could not send (or never saw answered): a failure with its reason, never silence."""
+    user.environment.events.request.fire(
+        request_type="POST", name=f"infer {function}", response_time=0.0, response_length=0, response=None,
+        context={"function": function, "scheduled": f"{scheduled:.6f}"}, exception=RuntimeError(reason),
+        start_time=scheduled, url=f"/v2/models/{function}/infer")
+
+
+class InferenceUser(FastHttpUser):
+    """Closed loop: the next request as soon as the last one came back."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        counts = np.bincount(PLAN.schedule.fids, minlength=len(PLAN.schedule.functions)).astype(float)
+        self._weights = counts / counts.sum() if counts.sum() else np.full(counts.size, 1 / counts.size)
+        self._rng = np.random.default_rng()
+
+    @task
+    def infer(self) -> None:
+        names = PLAN.schedule.functions
+        function = names[0] if len(names) == 1 else names[int(self._rng.choice(len(names), p=self._weights))]
+        _send(self, function, None)
+
+
+class ScenarioShape(LoadTestShape):
+    """Open loop: one ArrivalUser until its schedule is done. Closed loop: users follow the offered rate."""
+
+    def tick(self):
+        plan = PLAN
+        if plan is None:
+            return None
+        if plan.users <= 0:
+            return None if plan.done else (1, 1, [ArrivalUser])
+        t = self.get_run_time()
+        if t >= plan.schedule.duration_s:
+            return None
+        return (plan.schedule.users_at(plan.users, t), plan.users, [InferenceUser])
+

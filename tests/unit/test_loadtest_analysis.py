@@ -1,0 +1,178 @@
+"""loadtests/analysis.py: the report's numbers from recorded runs, with the arithmetic beside each."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from loadtests import analysis
+from loadtests.analysis import Requests
+
+
+def requests(rows: list[tuple]) -> Requests:
+    """rows: (start_s, latency_ms, status, function[, error[, cold]])."""
+    rows = [r + ("",) * (6 - len(r)) for r in rows]
+    col = list(zip(*rows)) if rows else [[]] * 6
+    return Requests(np.array(col[0], float), np.array(col[0], float) - 0.001, np.array(col[1], float),
+                    np.array(col[2], np.int64), np.array(col[3], object), np.array(col[4], object),
+                    np.array(col[5], object))
+
+
+def sample(t: float, replicas: list[tuple[str, str, str, str]], ready: int | None = None,
+           function: str = "f", slice_: str = "1/4") -> dict:
+    """replicas: (id, state, slice, device)."""
+    views = [{"id": i, "state": st, "slice": sl, "device": dev, "duty": 0.5} for i, st, sl, dev in replicas]
+    n_ready = sum(1 for r in views if r["state"] == "ready") if ready is None else ready
+    return {"t": t, "functions": {function: {"slice": slice_, "ready": n_ready,
+                                             "starting": sum(1 for r in views if r["state"] == "starting"),
+                                             "desired": len(views), "held": 0, "replicas": views}}}
+
+
+CPU = [{"id": "cpu:0", "kind": "cpu", "emulated": False}]
+
+
+def test_costs_integrate_slices_held_until_the_next_sample():
+    # t 0-1: one starting 1/4 replica; t 1-3: two ready (1/4 each); t 3-4: none.
+    # slices: 0.25 * 1 + 0.5 * 2 + 0 * 1 = 1.25 replica-slice-seconds
+    # devices: 1 device for 3 s = 3 device-seconds
+    # static: peak 2 replicas * 1/4 = 0.5 of a device for the 4 s span = 2.0; whole devices ceil(0.5) = 1 * 4 = 4
+    samples = [sample(0, [("a", "starting", "1/4", "cpu:0")]),
+               sample(1, [("a", "ready", "1/4", "cpu:0"), ("b", "ready", "1/4", "cpu:0")]),
+               sample(3, [])]
+    c = analysis.costs(samples, t_end=4.0, devices=CPU)
+    assert c["replica_slice_seconds"] == pytest.approx(1.25)
+    assert c["device_seconds"] == pytest.approx(3.0)
+    assert c["static_peak"] == {"replicas": {"f": 2}, "replica_slice_seconds": pytest.approx(2.0),
+                                "device_seconds": pytest.approx(4.0)}
+    assert c["vs_static"] == pytest.approx(1.25 / 2.0)
+    assert c["gpu_seconds"] is None and c["device_kinds"] == ["cpu"] and not c["emulated"]
+
+
+def test_costs_count_each_device_once_and_label_emulated_gpus():
+    # two 1/2 replicas on two devices for 2 s: 2 * 0.5 * 2 = 2 slice-s, 2 devices * 2 s = 4 device-s (GPU, emulated)
+    devices = [{"id": "gpu:0", "kind": "gpu", "emulated": True}, {"id": "gpu:1", "kind": "gpu", "emulated": True}]
+    samples = [sample(0, [("a", "ready", "1/2", "gpu:0"), ("b", "ready", "1/2", "gpu:1")], slice_="1/2")]
+    c = analysis.costs(samples, t_end=2.0, devices=devices)
+    assert c["replica_slice_seconds"] == pytest.approx(2.0)
+    assert c["gpu_seconds"] == pytest.approx(4.0) and c["emulated"]
+    # static: 2 * 1/2 = 1 device for 2 s
+    assert c["static_peak"]["device_seconds"] == pytest.approx(2.0)
+
+
+def test_stopping_replicas_hold_no_slice():
+    samples = [sample(0, [("a", "stopping", "1/4", "cpu:0")])]
+    c = analysis.costs(samples, t_end=5.0, devices=CPU)
+    assert c["replica_slice_seconds"] == 0 and c["static_peak"]["replica_slice_seconds"] == 0
+    assert c["vs_static"] is None  # nothing to compare with, not a division by zero
+
+
+def meta(**kw):
+    return {"scenario": "spike", "functions": ["f"], "duration_s": 10.0, "t0": 1000.0, "loop": "open",
+            "slo_ms": {"f": 100.0}, **kw}
+
+
+def test_summary_slo_attainment_counts_failures_as_missed():
+    # 10 requests: 7 answered within 100 ms, 1 answered in 150 ms, 1 is a 503, 1 was refused by the client.
+    # attainment = 7 / 10 = 0.7; failures = 2; p50 of the 8 answered latencies.
+    rows = [(i * 0.5, 10.0 + i, 200, "f") for i in range(7)]
+    rows += [(4.0, 150.0, 200, "f"), (4.5, 2.0, 503, "f", "503 Service Unavailable"),
+             (5.0, 0.0, 0, "f", "client: max in-flight 1000 reached")]
+    req = requests(rows)
+    s = analysis.summarize(meta=meta(), req=req, offered=10, samples=[], events=[],
+                           counters={"gateway": {"requests": 9, "non_200": 1}, "cold_starts": 0},
+                           locust={"requests": 10, "failures": 2}, devices=CPU)
+    assert s["requests"] == 10 and s["failures"] == 2 and s["ok"] == 8
+    assert s["slo_attainment"] == pytest.approx(0.7)
+    assert s["latency_ms"]["p50"] == pytest.approx(np.percentile([10, 11, 12, 13, 14, 15, 16, 150], 50))  # 13.5
+    assert s["latency_ms"]["max"] == 150.0
+    assert s["errors_by_status"] == {"503": 1, "client: max in-flight 1000 reached": 1}
+    # 10 sent by Locust, 9 reached the gateway (one refused by the client); 1 non-200 answer there
+    assert s["checks"]["sent_to_gateway"] == 9 and s["checks"]["http_errors"] == 1
+    assert s["checks"]["locust_agrees"] and s["checks"]["gateway_agrees"]
+    assert s["achieved_rate"] == pytest.approx(8 / 10.0) and s["offered_rate"] == pytest.approx(1.0)
+
+
+def test_checks_disagree_when_the_counts_differ():
+    req = requests([(0.0, 5.0, 200, "f"), (1.0, 5.0, 200, "f")])
+    s = analysis.summarize(meta=meta(), req=req, offered=2, samples=[], events=[],
+                           counters={"gateway": {"requests": 3, "non_200": 0}, "cold_starts": 0},
+                           locust={"requests": 2, "failures": 1}, devices=CPU)
+    assert not s["checks"]["locust_agrees"] and not s["checks"]["gateway_agrees"]
+
+
+def test_per_function_slos():
+    # a: SLO 10 ms, b: SLO 1,000 ms. 20 ms meets b's, not a's: attainment 1 / 2
+    req = requests([(0.0, 20.0, 200, "a"), (0.1, 20.0, 200, "b")])
+    s = analysis.summarize(meta=meta(functions=["a", "b"], slo_ms={"a": 10.0, "b": 1000.0}), req=req, offered=2,
+                           samples=[], events=[], counters={}, locust={"requests": 2, "failures": 0}, devices=[])
+    assert s["slo_attainment"] == 0.5
+    assert s["checks"]["gateway_agrees"] is None  # no control plane (a peer): nothing to compare with
+
+
+def test_cold_starts_from_events_and_headers():
+    events = [{"id": 5, "at": 1002.0, "function": "f", "kind": "replica_ready", "message": "f-1 ready",
+               "data": {"replica": "f-1", "spawn_s": 0.05, "ready_s": 0.08}},
+              {"id": 6, "at": 1001.9, "function": "f", "kind": "scale", "message": "0 -> 1 replicas: COLD_START",
+               "data": {"from": 0, "to": 1, "reason": "COLD_START"}}]
+    req = requests([(1.9, 120.0, 200, "f", "", "queue_wait=0.1000, spawn=0.0500, load=0.0300, first_inference=0.0040"),
+                    (1.95, 70.0, 200, "f", "", "queue_wait=0.0500, spawn=0.0500, load=0.0300"),
+                    (3.0, 2.0, 200, "f")])
+    c = analysis.cold_starts(req, events, t0=1000.0)
+    assert c["replica_starts"] == [{"t": 2.0, "replica": "f-1", "function": "f", "spawn_s": 0.05,
+                                    "load_s": pytest.approx(0.03), "ready_s": 0.08}]
+    assert c["requests_held"] == 2 and c["worst_wait_ms"] == 120.0
+    assert c["phases_max_s"]["queue_wait"] == 0.1 and c["phases_mean_s"]["queue_wait"] == pytest.approx(0.075)
+    d = analysis.scale_decisions(events, t0=1000.0)
+    assert [(x["t"], x["reason"], x["from"], x["to"]) for x in d] == [(pytest.approx(1.9), "COLD_START", 0, 1)]
+
+
+def test_timeseries_bins_by_send_and_completion_second():
+    # sent at 0.2 (answered at 0.25), 0.9 (answered at 1.4), 1.5 (a 503 at 1.502), 2.1 (answered at 2.2)
+    req = requests([(0.2, 50.0, 200, "f"), (0.9, 500.0, 200, "f"), (1.5, 2.0, 503, "f", "503"),
+                    (2.1, 100.0, 200, "f")])
+    ts = analysis.timeseries(req, np.array([2, 1, 1]), [], duration_s=3, slo_ms={"f": 100.0})
+    assert ts["seconds"] == 3 and ts["slo_ms"] == 100.0
+    assert ts["sent"] == [2, 1, 1] and ts["ok"] == [1, 1, 1] and ts["failed"] == [0, 1, 0]
+    assert ts["latency_ms"]["p50"] == [50.0, 500.0, 100.0]
+    assert ts["over_slo"] == [0, 1, 0]  # 500 ms > 100; 100 ms is within (<=)
+    assert ts["offered"] == [2, 1, 1]
+
+
+def test_counter_delta_reads_prometheus_text():
+    before = analysis.counter_totals('shoal_gateway_requests_total{code="200",function="f"} 10.0\n'
+                                     'shoal_gateway_requests_total{code="200",function="g"} 4.0\n')
+    after = analysis.counter_totals('shoal_gateway_requests_total{code="200",function="f"} 25.0\n'
+                                    'shoal_gateway_requests_total{code="503",function="f"} 2.0\n'
+                                    'shoal_gateway_requests_total{code="200",function="g"} 9.0\n'
+                                    'shoal_cold_start_seconds_count{function="f",phase="spawn"} 3.0\n')
+    assert analysis.counter_delta(before, after, "shoal_gateway_requests_total", function="f") == \
+        {"code=200": 15.0, "code=503": 2.0}  # 25 - 10; 2 - 0 (new series)
+    assert analysis.counter_delta(before, after, "shoal_cold_start_seconds_count", function="f", phase="spawn") == \
+        {"": 3.0}
+
+
+def test_read_locust_totals_and_requests(tmp_path):
+    stats = tmp_path / "locust_stats.csv"
+    stats.write_text("Type,Name,Request Count,Failure Count,Median Response Time\n"
+                     "POST,infer f,12,2,3\n,Aggregated,12,2,3\n")
+    assert analysis.read_locust_totals(stats) == {"requests": 12, "failures": 2}
+    log = tmp_path / "requests.csv"
+    log.write_text("start,scheduled,latency_ms,status,function,error,cold_start\n"
+                   "1000.5,1000.4,3.5,200,f,,\n1001.0,,0.0,0,f,client: max in-flight 1 reached,\n")
+    req = analysis.read_requests(log, t0=1000.0)
+    assert req.start.tolist() == [0.5, 1.0] and req.scheduled[0] == pytest.approx(0.4) and math.isnan(req.scheduled[1])
+    assert req.status.tolist() == [200, 0] and req.ok.tolist() == [True, False]
+    with pytest.raises(ValueError, match="no Aggregated row"):
+        stats.write_text("Type,Name,Request Count,Failure Count\nPOST,x,1,0\n")
+        analysis.read_locust_totals(stats)
+
+
+def test_summary_is_json(tmp_path):
+    req = requests([(0.0, 5.0, 200, "f")])
+    s = analysis.summarize(meta=meta(), req=req, offered=1, samples=[sample(0, [("a", "ready", "1/4", "cpu:0")])],
+                           events=[], counters={"gateway": {"requests": 1, "non_200": 0}, "cold_starts": 0},
+                           locust={"requests": 1, "failures": 0}, devices=CPU)
+    assert json.loads(json.dumps(s, allow_nan=False))["requests"] == 1
