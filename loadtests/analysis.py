@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+NOT_SENT = "client: not sent"  # the locustfile's reason for an arrival it could not send (max in-flight)
+GAVE_UP = "client: gave up"  # ... and for a request sent but not answered before the run ended
 QUANTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
 
 
@@ -85,8 +87,17 @@ def read_locust_totals(path: Path | str) -> dict[str, int]:
     raise ValueError(f"{path}: no Aggregated row")
 
 
-def counter_totals(text: str, names: tuple[str, ...] = ("shoal_gateway_requests_total", "shoal_cold_start_seconds_count")
-                   ) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+def read_locust_json(path: Path | str) -> dict[str, int]:
+    """Totals of Locust's `--json-file` (one entry per request name, written at exit)."""
+    entries = json.loads(Path(path).read_text())
+    return {"requests": sum(int(e["num_requests"]) for e in entries),
+            "failures": sum(int(e["num_failures"]) for e in entries)}
+
+
+COUNTERS = ("shoal_gateway_requests_total", "shoal_cold_start_seconds_count")
+
+
+def counter_totals(text: str, names: tuple[str, ...] = COUNTERS) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Samples of the named counters in a Prometheus text exposition, by sorted label set."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -121,11 +132,12 @@ def slice_of(text: str) -> Fraction:
     return Fraction(text)
 
 
-def timeseries(req: Requests, offered_per_s: np.ndarray, samples: list[dict[str, Any]], duration_s: float,
+def timeseries(req: Requests, offered_per_s: np.ndarray | None, samples: list[dict[str, Any]], duration_s: float,
                slo_ms: dict[str, float]) -> dict[str, Any]:
     """Per-second series: offered, sent, answered 200, failed, latency quantiles, and the control plane's samples."""
     slo = np.array([slo_ms.get(f, math.inf) for f in req.function], np.float64)
-    n = max(int(math.ceil(duration_s)), int(math.ceil(req.end.max())) if len(req) else 0, offered_per_s.size, 1)
+    n = max(int(math.ceil(duration_s)), int(math.ceil(req.end.max())) if len(req) else 0,
+            offered_per_s.size if offered_per_s is not None else 0, 1)
     sent = np.bincount(np.clip(req.start.astype(np.int64), 0, n - 1), minlength=n)[:n] if len(req) else np.zeros(n, int)
     end_bin = np.clip(req.end.astype(np.int64), 0, n - 1)
     ok = np.bincount(end_bin[req.ok], minlength=n)[:n]
@@ -137,8 +149,10 @@ def timeseries(req: Requests, offered_per_s: np.ndarray, samples: list[dict[str,
         for k, v in zip(("p50", "p95", "p99"), np.percentile(values, [50, 95, 99])):
             lat[k][b] = float(v)
         over[b] = int(np.count_nonzero(values > slo[req.ok & (end_bin == b)]))
-    offered = np.zeros(n, np.int64)
-    offered[:min(n, offered_per_s.size)] = offered_per_s[:n]
+    offered = None
+    if offered_per_s is not None:  # open loop; a closed loop has no schedule
+        offered = np.zeros(n, np.int64)
+        offered[:min(n, offered_per_s.size)] = offered_per_s[:n]
     replicas: dict[str, list] = {"t": [], "ready": [], "starting": [], "desired": [], "held": []}
     duty: dict[str, dict[str, Any]] = {}
     for s in samples:
@@ -154,40 +168,47 @@ def timeseries(req: Requests, offered_per_s: np.ndarray, samples: list[dict[str,
                                                 "t": [], "duty": []})
                 row["t"].append(s["t"])
                 row["duty"].append(r.get("duty"))
-    return {"seconds": n, "slo_ms": min(slo_ms.values(), default=math.inf), "offered": offered.tolist(), "sent": sent.tolist(), "ok": ok.tolist(),
-            "failed": failed.tolist(), "latency_ms": lat, "over_slo": over, "replicas": replicas, "duty": duty}
+    line = min(slo_ms.values(), default=math.inf)
+    return {"seconds": n, "slo_ms": line if math.isfinite(line) else None, "offered": offered.tolist() if offered is not None else None,
+            "sent": sent.tolist(), "ok": ok.tolist(), "failed": failed.tolist(), "latency_ms": lat, "over_slo": over,
+            "replicas": replicas, "duty": duty}
+
+
+LIVE_STATES = ("starting", "ready", "draining")  # a replica holds its slice until it has stopped
 
 
 def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, Any]]) -> dict[str, Any]:
-    """Replica-slice-seconds and device-seconds over the samples (each value held until the next sample),
-    beside a static allocation of each function's peak replica count for the whole run."""
-    slice_s = 0.0
-    device_s = 0.0
-    peak: dict[str, int] = {}
-    slices: dict[str, Fraction] = {}
+    """Replica-slice-seconds and device-seconds over the samples (each value held until the next sample,
+    and nothing counted past `t_end`), beside a static allocation of each function's peak for the whole span:
+    the most slice it held at any sample (so slices resized by the controller count at their size)."""
+    slice_s = replica_s = device_s = 0.0
+    peak_replicas: dict[str, int] = {}
+    peak_slices: dict[str, Fraction] = {}
     for i, s in enumerate(samples):
-        dt = max(0.0, (samples[i + 1]["t"] if i + 1 < len(samples) else t_end) - s["t"])
+        until = min(t_end, samples[i + 1]["t"]) if i + 1 < len(samples) else t_end
+        dt = max(0.0, until - s["t"])
         used_devices = set()
         for name, f in s["functions"].items():
-            live = [r for r in f.get("replicas", []) if r.get("state") in ("starting", "ready")]
-            slices[name] = slice_of(f.get("slice") or "1")
-            peak[name] = max(peak.get(name, 0), len(live))
-            for r in live:
-                slice_s += float(slice_of(r.get("slice") or f.get("slice") or "1")) * dt
-                used_devices.add(r.get("device"))
+            live = [r for r in f.get("replicas", []) if r.get("state") in LIVE_STATES]
+            held = sum((slice_of(r.get("slice") or f.get("slice") or "1") for r in live), Fraction(0))
+            peak_replicas[name] = max(peak_replicas.get(name, 0), len(live))
+            peak_slices[name] = max(peak_slices.get(name, Fraction(0)), held)
+            slice_s += float(held) * dt
+            replica_s += len(live) * dt
+            used_devices.update(r.get("device") for r in live)
         device_s += len(used_devices) * dt
     span = max(0.0, t_end - samples[0]["t"]) if samples else 0.0
-    static_slices = sum(peak[n] * slices[n] for n in peak)
+    static_slices = sum(peak_slices.values(), Fraction(0))
     static_slice_s = float(static_slices) * span
-    static_device_s = math.ceil(static_slices) * span
     kinds = sorted({d.get("kind", "?") for d in devices})
-    emulated = any(d.get("emulated") for d in devices)
     return {
-        "replica_slice_seconds": slice_s, "device_seconds": device_s,
+        "replica_slice_seconds": slice_s, "replica_seconds": replica_s, "device_seconds": device_s,
         "gpu_seconds": device_s if "gpu" in kinds else None,
-        "static_peak": {"replicas": peak, "replica_slice_seconds": static_slice_s, "device_seconds": static_device_s},
+        "static_peak": {"replicas": peak_replicas, "slices": {k: str(v) for k, v in peak_slices.items()},
+                        "replica_slice_seconds": static_slice_s,
+                        "device_seconds": math.ceil(static_slices) * span},
         "vs_static": slice_s / static_slice_s if static_slice_s > 0 else None,
-        "device_kinds": kinds, "emulated": emulated, "span_s": span,
+        "device_kinds": kinds, "emulated": any(d.get("emulated") for d in devices), "span_s": span,
     }
 
 
@@ -232,6 +253,7 @@ def summarize(*, meta: dict[str, Any], req: Requests, offered: int, samples: lis
               devices: list[dict[str, Any]]) -> dict[str, Any]:
     """summary.json: the headline, latency, cost, cold starts, decisions and the cross-checks."""
     duration = float(meta["duration_s"])
+    events = [e for e in events if e.get("function") in meta["functions"]]  # other functions' events are not ours
     slo_by_function: dict[str, float] = meta["slo_ms"]
     ok = req.ok
     n = len(req)
@@ -241,16 +263,17 @@ def summarize(*, meta: dict[str, Any], req: Requests, offered: int, samples: lis
     met = int(np.count_nonzero(ok & (req.latency_ms <= slo)))  # a failed request never meets its SLO
     statuses: dict[str, int] = {}
     for code, err in zip(req.status[~ok].tolist(), req.error[~ok].tolist()):
-        key = str(code) if code else (err.split(":", 1)[0] + ": " + err.split(":", 1)[1].strip()[:60]
-                                      if err.startswith("client:") else "no response")
+        key = str(code) if code else (err[:80] if err.startswith("client:") else "no response")
         statuses[key] = statuses.get(key, 0) + 1
     lag = req.start - req.scheduled
     lag = lag[np.isfinite(lag)]
     t_end = max(duration, float(req.end.max()) if n else 0.0)
     cost = costs(samples, t_end, devices)
     gateway = counters.get("gateway", {})
-    sent_to_gateway = n - sum(v for k, v in statuses.items() if k.startswith("client:"))
+    sent_to_gateway = n - sum(v for k, v in statuses.items() if k.startswith(NOT_SENT))
     http_errors = int(np.count_nonzero((req.status != 200) & (req.status != 0)))
+    # sent, then the client stopped waiting: the gateway answered it anyway (200) or saw the client leave (499)
+    gave_up = sum(v for k, v in statuses.items() if k.startswith(GAVE_UP))
     return {
         "title": meta.get("title") or f"{meta['scenario']} on {', '.join(meta['functions'])}",
         "scenario": meta["scenario"], "functions": meta["functions"], "loop": meta["loop"],
@@ -274,16 +297,24 @@ def summarize(*, meta: dict[str, Any], req: Requests, offered: int, samples: lis
         "checks": {
             "locust": locust,
             "gateway_requests": gateway.get("requests"), "gateway_non_200": gateway.get("non_200"),
-            "sent_to_gateway": sent_to_gateway,
-            "locust_agrees": locust.get("requests") == n and locust.get("failures") == failures,
-            "http_errors": http_errors,
-            "gateway_agrees": None if not gateway else (gateway.get("requests") == sent_to_gateway
-                                                       and gateway.get("non_200") == http_errors),
+            "sent_to_gateway": sent_to_gateway, "http_errors": http_errors, "gave_up": gave_up,
+            "locust_agrees": _agrees(locust.get("final") or locust.get("csv"), n, failures),
+            "locust_csv_agrees": _agrees(locust.get("csv"), n, failures),
+            "gateway_agrees": None if not gateway else (
+                gateway.get("requests") == sent_to_gateway
+                and http_errors <= gateway.get("non_200", -1) <= http_errors + gave_up),
         },
     }
 
 
+def _agrees(totals: dict[str, int] | None, requests: int, failures: int) -> bool | None:
+    if not totals:
+        return None
+    return totals.get("requests") == requests and totals.get("failures") == failures
+
+
 def _counts(samples: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Ready and starting replicas per sample (as the control plane counts them)."""
     ready = [sum(f.get("ready", 0) for f in s["functions"].values()) for s in samples]
     starting = [sum(f.get("starting", 0) for f in s["functions"].values()) for s in samples]
     return ready, starting

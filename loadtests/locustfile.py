@@ -13,9 +13,9 @@ Two ways to send load, both following one of loadtests/scenarios.py's schedules:
   scheduled time from a bounded pool of greenlets, whether or not earlier ones
   have come back, so overload shows as latency and errors instead of a slower
   client. An arrival that finds `--shoal-max-inflight` requests already
-  outstanding is recorded as a failure (`client: max in-flight`), never dropped
+  outstanding is recorded as a failure (`client: not sent, ...`), never dropped
   silently; requests still unanswered `--shoal-drain-s` after the last arrival
-  are recorded as failures too.
+  are recorded as failures too (`client: gave up, ...`).
 - closed loop (`--shoal-users U`): up to U `InferenceUser`s, each sending its
   next request when the last one returned, their number following the
   scenario's rate curve (the `ScenarioShape`).
@@ -42,10 +42,14 @@ import gevent
 import gevent.pool
 import numpy as np
 from locust import FastHttpUser, LoadTestShape, constant, events, task
+from locust.exception import StopUser
 
 from loadtests.scenarios import SCENARIOS, Schedule, make_schedule
 from loadtests.tensors import ENCODINGS, Body, body_for
 
+# Locust writes its CSVs once a second and not again at exit: a quiet end this long lets the last write
+# include every request (../shared/PACKAGES.md).
+CSV_SETTLE_S = 2.5
 LOG_FIELDS = ("start", "scheduled", "latency_ms", "status", "function", "error", "cold_start")
 
 
@@ -83,9 +87,11 @@ def _arguments(parser) -> None:
                    help="bearer token (shoal up --auth-inference); better from the environment than argv")
     g.add_argument("--shoal-log", default="", help="write one CSV row per request here")
     g.add_argument("--shoal-max-inflight", type=int, default=1000)
-    g.add_argument("--shoal-drain-s", type=float, default=30.0, help="wait this long for answers after the last arrival")
+    g.add_argument("--shoal-drain-s", type=float, default=30.0,
+                   help="wait this long for answers after the last arrival")
     g.add_argument("--shoal-timeout-s", type=float, default=60.0, help="client timeout per request")
-    g.add_argument("--shoal-options", default="{}", help="JSON of scenario options (base_rate, spike_s, cv, idle_s, ...)")
+    g.add_argument("--shoal-options", default="{}",
+                   help="JSON of scenario options (base_rate, spike_s, cv, idle_s, ...)")
 
 
 @events.init.add_listener
@@ -155,10 +161,20 @@ def _close(**_kw) -> None:
 
 
 def _send(user: FastHttpUser, function: str, scheduled: float | None) -> None:
+    """One request; Locust fires its event. If the request's greenlet is killed first (the run ended
+    before the answer) or the client fails in a way Locust does not catch, a failure is fired here
+    instead, so that no request sent goes unrecorded."""
     body = PLAN.bodies[function]
-    user.client.post(f"/v2/models/{function}/infer", data=body.data, headers={**body.headers, **PLAN.auth},
-                     name=f"infer {function}",
-                     context={"function": function, "scheduled": "" if scheduled is None else f"{scheduled:.6f}"})
+    sent = time.time()
+    try:
+        user.client.post(f"/v2/models/{function}/infer", data=body.data, headers={**body.headers, **PLAN.auth},
+                         name=f"infer {function}",
+                         context={"function": function, "scheduled": "" if scheduled is None else f"{scheduled:.6f}"})
+    except gevent.GreenletExit:
+        _failed(user, function, scheduled, sent, "client: gave up, the run ended before the answer")
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded, not swallowed
+        _failed(user, function, scheduled, sent, f"client: {type(exc).__name__}: {exc}")
 
 
 class ArrivalUser(FastHttpUser):
@@ -180,27 +196,31 @@ class ArrivalUser(FastHttpUser):
                 gevent.sleep(delay)
             function = names[fid]
             if pool.full():
-                _refused(self, function, started + at, f"client: max in-flight {plan.max_inflight} reached")
+                reason = f"client: not sent, max in-flight {plan.max_inflight} reached"
+                _refused(self, function, started + at, reason)
                 continue
             pool.spawn(_send, self, function, started + at)
         if not pool.join(timeout=plan.drain_s):
-            unanswered = len(pool)
-            pool.kill(block=True, timeout=5)
-            for _ in range(unanswered):
-                _refused(self, "?", time.time(), f"client: unanswered {plan.drain_s:g} s after the last arrival")
+            pool.kill(block=True, timeout=10)  # each one records itself as given up (see _send)
         rest = started + plan.schedule.duration_s - time.time()
         if rest > 0:  # the run lasts the whole schedule, quiet tail included: scale-in shows in the report
             gevent.sleep(rest)
-        plan.done = True
-        gevent.sleep(3600)  # the shape ends the run on its next tick
+        gevent.sleep(CSV_SETTLE_S)
+        plan.done = True  # the shape ends the run on its next tick
+        raise StopUser()  # and this user is not run again meanwhile, nor waited for at the end
 
 
 def _refused(user: FastHttpUser, function: str, scheduled: float, reason: str) -> None:
-    """A request the client could not send (or never saw answered): a failure with its reason, never silence."""
+    """An arrival the client could not send: a failure with its reason, never silence."""
+    _failed(user, function, scheduled, scheduled, reason)
+
+
+def _failed(user: FastHttpUser, function: str, scheduled: float | None, sent: float, reason: str) -> None:
     user.environment.events.request.fire(
-        request_type="POST", name=f"infer {function}", response_time=0.0, response_length=0, response=None,
-        context={"function": function, "scheduled": f"{scheduled:.6f}"}, exception=RuntimeError(reason),
-        start_time=scheduled, url=f"/v2/models/{function}/infer")
+        request_type="POST", name=f"infer {function}", response_time=(time.time() - sent) * 1000.0,
+        response_length=0, response=None,
+        context={"function": function, "scheduled": "" if scheduled is None else f"{scheduled:.6f}"},
+        exception=RuntimeError(reason), start_time=sent, url=f"/v2/models/{function}/infer")
 
 
 class InferenceUser(FastHttpUser):
@@ -230,7 +250,9 @@ class ScenarioShape(LoadTestShape):
         if plan.users <= 0:
             return None if plan.done else (1, 1, [ArrivalUser])
         t = self.get_run_time()
-        if t >= plan.schedule.duration_s:
+        if t >= plan.schedule.duration_s + CSV_SETTLE_S:
             return None
+        if t >= plan.schedule.duration_s:  # users stop (finishing their request: --stop-timeout), CSV catches up
+            return (0, plan.users, [InferenceUser])
         return (plan.schedule.users_at(plan.users, t), plan.users, [InferenceUser])
 

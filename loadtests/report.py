@@ -65,7 +65,7 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
     fig, ax = plt.subplots(figsize=(10, 3.4))
     for k in ("p50", "p95", "p99"):
         ax.plot(x, _nan(ts["latency_ms"][k]), label=k, color=COLORS[k], lw=1.2, marker=".", ms=3)
-    if math.isfinite(ts["slo_ms"]):
+    if ts["slo_ms"] is not None:
         ax.axhline(ts["slo_ms"], color=COLORS["slo"], ls="--", lw=1, label=f"SLO {ts['slo_ms']:g} ms")
     _mark_decisions(ax, decisions, label=False)
     ax.set_yscale("log")
@@ -76,7 +76,10 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
 
     # offered vs achieved
     fig, ax = plt.subplots(figsize=(10, 3.0))
-    ax.step(x, ts["offered"], where="post", color=COLORS["offered"], label="offered (schedule)", lw=1.5)
+    if ts["offered"] is not None:
+        ax.step(x, ts["offered"], where="post", color=COLORS["offered"], label="offered (schedule)", lw=1.5)
+    else:
+        ax.step(x, ts["sent"], where="post", color=COLORS["offered"], label="sent (closed loop)", lw=1.5)
     ax.step(x, ts["ok"], where="post", color=COLORS["ok"], label="answered 200", lw=1.2)
     if any(ts["failed"]):
         ax.bar(x + 0.5, ts["failed"], color=COLORS["failed"], label="failed", width=0.9, alpha=0.8)
@@ -99,7 +102,8 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
             ax2.set_ylabel("requests held", color=COLORS["held"])
             ax2.grid(False)
         _mark_decisions(ax, decisions, label=True)
-        ax.set(xlabel="seconds since start", ylabel="replicas", title="Replicas, with every scale decision and its reason")
+        ax.set(xlabel="seconds since start", ylabel="replicas",
+               title="Replicas, with every scale decision and its reason")
         ax.set_ylim(0, max(1, max(ready + starting, default=0), max(rep["desired"], default=0)) + 1)
         ax.legend(loc="upper left", ncol=3)
         save("replicas", fig)
@@ -153,11 +157,12 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
         fig, axes = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True)
         for series, label, style in ((ts, label_a, "-"), (ots, label_b, "--")):
             xs = np.arange(series["seconds"])
-            axes[0].plot(xs, _nan(series["latency_ms"]["p95"]), ls=style, lw=1.2, marker=".", ms=3, label=f"p95 {label}")
+            axes[0].plot(xs, _nan(series["latency_ms"]["p95"]), ls=style, lw=1.2, marker=".", ms=3,
+                         label=f"p95 {label}")
             r = series["replicas"]
             if r["t"]:
                 axes[1].step(r["t"], np.add(r["ready"], r["starting"]), where="post", ls=style, lw=1.3, label=label)
-        if math.isfinite(ts["slo_ms"]):
+        if ts["slo_ms"] is not None:
             axes[0].axhline(ts["slo_ms"], color=COLORS["slo"], ls=":", lw=1, label="SLO")
         axes[0].set(yscale="log", ylabel="p95 latency (ms, log)", title="Side by side")
         axes[1].set(xlabel="seconds since start", ylabel="replicas (ready + starting)")
@@ -177,7 +182,8 @@ def _mark_decisions(ax, decisions: list[dict[str, Any]], label: bool) -> None:
         color = "#54a24b" if (d["to"] or 0) > (d["from"] or 0) else "#e45756"
         ax.axvline(d["t"], color=color, lw=0.8, alpha=0.6)
         if label:
-            ax.annotate(f"{d['from']}→{d['to']} {d['reason']}", (d["t"], top), xytext=(2, -2), textcoords="offset points",
+            ax.annotate(f"{d['from']}→{d['to']} {d['reason']}", (d["t"], top), xytext=(2, -2),
+                        textcoords="offset points",
                         rotation=90, va="top", fontsize=7, color=color)
 
 
@@ -195,7 +201,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .sub{color:#666;margin-bottom:16px}
 .headline{display:grid;grid-template-columns:repeat(3,1fr);gap:12px;margin:16px 0}
 .card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:12px 16px}
-.card .big{font-size:30px;font-weight:600}.card .what{color:#666;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card .big{font-size:30px;font-weight:600}
+.card .what{color:#666;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .good{color:#2a7d2a}.bad{color:#b3261e}.note{color:#666;font-size:12px}
 table{border-collapse:collapse;background:#fff;width:100%;margin:6px 0}
 th,td{border:1px solid #e3e3e3;padding:4px 8px;text-align:left;font-variant-numeric:tabular-nums}
@@ -213,7 +220,8 @@ def render_html(s: dict[str, Any], charts: dict[str, Path], other: tuple[dict, d
              f"<meta name='viewport' content='width=device-width,initial-scale=1'>"
              f"<title>Shoal load test: {e(s['title'])}</title><style>{CSS}</style></head><body><main>",
              f"<h1>Load test: {e(s['title'])}</h1>",
-             f"<div class='sub'>{e(s['target'])} at <code>{e(str(s['url']))}</code> · scenario <b>{e(s['scenario'])}</b>"
+             f"<div class='sub'>{e(s['target'])} at <code>{e(str(s['url']))}</code>"
+             f" · scenario <b>{e(s['scenario'])}</b>"
              f" ({e(s['loop'])} loop) · {s['duration_s']:g} s from {started} · "
              f"functions {e(', '.join(s['functions']))}</div>",
              _headline(s)]
@@ -226,7 +234,9 @@ def render_html(s: dict[str, Any], charts: dict[str, Path], other: tuple[dict, d
         f"<p class='note'>SLO: {e(', '.join(f'{k} {v:g} ms' for k, v in s['slo_ms'].items()))}; a request meets it "
         f"when it is answered 200 within that time. Failed requests count as missed.</p>",
         "<h2>Offered vs achieved</h2>", _img(charts, "throughput"),
-        f"<p>{s['offered']} requests offered ({_f(s['offered_rate'])}/s on average), {s['requests']} sent, "
+        ("<p>A closed loop: each user sent its next request when the last came back, so what was offered is what "
+         "was sent; overload shows as a lower rate, not as latency. " if s["loop"] == "closed" else "<p>")
+        + f"{s['offered']} requests offered ({_f(s['offered_rate'])}/s on average), {s['requests']} sent, "
         f"{s['ok']} answered 200 ({_f(s['achieved_rate'])}/s), {s['failures']} failed."
         + (f" Client send lag p99 {_f(s['client_send_lag_ms']['p99'])} ms (how late the load generator sent)."
            if s.get("client_send_lag_ms") else "") + "</p>",
@@ -240,8 +250,10 @@ def render_html(s: dict[str, Any], charts: dict[str, Path], other: tuple[dict, d
     parts += ["<h2>Cold starts</h2>", _cold(s), _img(charts, "coldstarts")]
     parts += ["<h2>Errors</h2>", _errors(s), _img(charts, "errors")]
     parts += ["<h2>Cost</h2>", _cost(cost), "<h2>Cross-checks</h2>", _checks(s),
-              "<h2>Run</h2>", _table(["parameter", "value"], [[e(k), e(json.dumps(v))] for k, v in s["params"].items()]),
-              "<p class='note'>Files beside this page: summary.json, timeseries.json, requests.csv (one row per request), "
+              "<h2>Run</h2>",
+              _table(["parameter", "value"], [[e(k), e(json.dumps(v))] for k, v in s["params"].items()]),
+              "<p class='note'>Files beside this page: summary.json, timeseries.json, "
+              "requests.csv (one row per request), "
               "locust_stats.csv and the other Locust CSVs, samples.jsonl (the control plane once a second), "
               "events.json, and every chart as PNG.</p>",
               "</main></body></html>"]
@@ -259,9 +271,11 @@ def _headline(s: dict[str, Any]) -> str:
     return (
         "<div class='headline'>"
         f"<div class='card'><div class='what'>SLO attainment</div><div class='big {cls}'>{att_text}</div>"
-        f"<div class='note'>{s['requests']} requests, {s['failures']} failed, p95 {_f(s['latency_ms']['p95'])} ms</div></div>"
+        f"<div class='note'>{s['requests']} requests, {s['failures']} failed, "
+        f"p95 {_f(s['latency_ms']['p95'])} ms</div></div>"
         f"<div class='card'><div class='what'>Cost vs static peak</div><div class='big'>{vs_text}</div>"
-        f"<div class='note'>{_f(s['cost']['replica_slice_seconds'])} of {_f(s['cost']['static_peak']['replica_slice_seconds'])}"
+        f"<div class='note'>{_f(s['cost']['replica_slice_seconds'])} of "
+        f"{_f(s['cost']['static_peak']['replica_slice_seconds'])}"
         " replica-slice-seconds</div></div>"
         f"<div class='card'><div class='what'>Worst cold start</div><div class='big'>"
         f"{'none' if worst is None else _f(worst) + ' ms'}</div>"
@@ -329,18 +343,26 @@ def _cost(c: dict[str, Any]) -> str:
             "on as many whole devices as their slices fill. Measured: the slices of every starting or ready replica, "
             "sampled once a second."
             + (" The devices are emulated: these are not GPU measurements." if c["emulated"] else "")
-            + (" No GPU was used: the device is the CPU." if "gpu" not in c["device_kinds"] and not c["emulated"] else "")
+            + (" No GPU was used: the device is the CPU."
+               if "gpu" not in c["device_kinds"] and not c["emulated"] else "")
             + "</p>")
     return _table(["", "this run", "static peak allocation"], rows) + note
 
 
 def _checks(s: dict[str, Any]) -> str:
     k = s["checks"]
-    rows = [["Locust's stats CSV (requests / failures)", f"{k['locust'].get('requests')} / {k['locust'].get('failures')}",
-             f"{s['requests']} / {s['failures']}", _yes(k["locust_agrees"])]]
+    ours = f"{s['requests']} / {s['failures']}"
+    rows = []
+    for key, source, agrees in (("final", "Locust's totals at exit (--json-file)", "locust_agrees"),
+                                ("csv", "Locust's stats CSV", "locust_csv_agrees")):
+        totals = k["locust"].get(key)
+        if totals:
+            rows.append([f"{source} (requests / failures)", f"{totals['requests']} / {totals['failures']}", ours,
+                         _yes(k[agrees])])
     if k.get("gateway_requests") is not None:
+        gave_up = f" (+ up to {k['gave_up']} the client gave up on)" if k.get("gave_up") else ""
         rows.append(["the gateway's counters (requests / non-200)", f"{k['gateway_requests']} / {k['gateway_non_200']}",
-                     f"{k['sent_to_gateway']} / {k['http_errors']}", _yes(k["gateway_agrees"])])
+                     f"{k['sent_to_gateway']} / {k['http_errors']}{gave_up}", _yes(k["gateway_agrees"])])
     return _table(["source", "it counted", "this report", "agree"], rows)
 
 

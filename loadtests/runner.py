@@ -24,15 +24,17 @@ no control plane: no replicas or costs are sampled).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -111,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help=f"Shoal's endpoint (default SHOAL_URL or {DEFAULT_URL})")
     p.add_argument("--token", help="control API token (default SHOAL_TOKEN or STATE_DIR/token)")
     p.add_argument("--state-dir", help="where shoal up keeps its token (default SHOAL_STATE_DIR or .shoal)")
+    p.add_argument("--peer", help="then the same schedule against kserve and/or ray (comma-separated), "
+                                  "started on loopback; the report sets the first beside Shoal")
+    p.add_argument("--model", help="--peer: the ONNX file the peers serve (the function's own artifact)")
     p.add_argument("--target", help="send the load to this V2 server instead (a peer); nothing else is sampled")
     p.add_argument("--target-name", default="peer", help="what to call --target in the report")
+    p.add_argument("--inputs", help="JSON {function: V2 model metadata} to build requests from, instead of asking")
     p.add_argument("--slo-ms", type=float, help="latency SLO per request (default: each function's slo_p95_ms)")
     p.add_argument("--encoding", choices=ENCODINGS, default="json", help="JSON or binary tensors")
     p.add_argument("--batch", type=int, default=1, help="rows per request")
@@ -141,7 +147,11 @@ SCENARIO_OPTIONS = {"base_rate": "base_rate", "spike_at": "spike_at_s", "spike_s
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = _check_args(args)
+    if problem:
+        parser.error(problem)
     out = Path(args.out or f"loadtests/reports/{args.scenario}-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     try:
         summary = run(args, out)
@@ -157,62 +167,190 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["requests"] else 1
 
 
+@dataclass
+class Target:
+    """Where the load goes and what is watched beside it."""
+
+    url: str
+    label: str  # "shoal", or the peer's name in the report
+    plane: ControlPlane | None = None  # Shoal's control API: specs, status, events, counters
+    sample: Callable[[], dict[str, Any]] | None = None  # a peer's replica count, shaped like Shoal's status
+    inputs: dict[str, Any] | None = None  # model metadata, when the target cannot serve it
+    slo_ms: dict[str, float] | None = None
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, before anything starts (None: nothing)."""
+    positive = {"--duration": args.duration, "--rate": args.rate, "--batch": args.batch,
+                "--max-inflight": args.max_inflight, "--slo-ms": args.slo_ms, "--step-x": args.step_x,
+                "--spike-s": args.spike_s, "--burst-s": args.burst_s, "--cv": args.cv, "--zipf": args.zipf}
+    for name, value in positive.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return f"{name} {value:g}: must be a finite number > 0"
+    not_negative = {"--drain-s": args.drain_s, "--users": args.users, "--base-rate": args.base_rate,
+                    "--spike-at": args.spike_at, "--idle-s": args.idle_s}
+    for name, value in not_negative.items():
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"{name} {value:g}: must be a finite number >= 0"
+    if args.swing is not None and not (math.isfinite(args.swing) and args.swing >= 1):
+        return f"--swing {args.swing:g}: peak over trough must be >= 1"
+    if args.compare and not (Path(args.compare) / "summary.json").is_file():
+        return f"--compare {args.compare}: no summary.json there (give the folder of an earlier run)"
+    return None
+
+
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The Shoal run (or --target's), then each --peer on the same schedule; the report compares."""
+    from loadtests import report
+    from loadtests.peers import harness
+
+    url = (args.target or args.url or os.environ.get("SHOAL_URL") or DEFAULT_URL).rstrip("/")
+    if args.target:
+        if not args.slo_ms:
+            raise LoadTestError("--target needs --slo-ms: a peer has no function spec to read the SLO from")
+        target = Target(url, args.target_name)
+    else:
+        token = args.token or os.environ.get("SHOAL_TOKEN") or _read_token(args.state_dir)
+        target = Target(url, "shoal", plane=ControlPlane(url, token))
+    if args.inputs:
+        try:
+            target.inputs = json.loads(Path(args.inputs).read_text())
+        except (OSError, ValueError) as exc:
+            raise LoadTestError(f"--inputs {args.inputs}: not a JSON file of model metadata ({exc})") from None
+    peers = [k.strip() for k in (args.peer or "").split(",") if k.strip()]
+    if peers and not args.model:
+        raise LoadTestError("--peer needs --model: the ONNX file the peers serve (the function's own artifact)")
+    try:
+        summary, ts = run_one(args, out, target)
+    finally:
+        if target.plane is not None:
+            target.plane.close()
+    compare = Path(args.compare) if args.compare else None
+    for kind in peers:
+        inputs = json.loads((out / "inputs.json").read_text())
+        function = summary["functions"][0]
+        if len(summary["functions"]) != 1:
+            raise LoadTestError("--peer serves one model: give one --function")
+        try:
+            with harness.start(kind, Path(args.model), function) as peer:
+                peer.warm(function, _first_body(inputs[function], args), from_zero=args.from_zero)
+                sample = functools.partial(peer.sample, function)
+                run_one(args, out / f"peer-{kind}", Target(peer.url, peer.label, sample=sample, inputs=inputs,
+                                                           slo_ms=summary["slo_ms"]))
+        except harness.PeerUnavailable as exc:
+            print(f"peer {kind}: not measured: {exc}", file=sys.stderr)
+            continue
+        compare = compare or out / f"peer-{kind}"
+    if compare is not None:
+        report.write(out, summary, ts, compare=compare)
+    return summary
+
+
+def run_one(args: argparse.Namespace, out: Path, target: Target) -> tuple[dict[str, Any], dict[str, Any]]:
     from loadtests import report
 
     functions = [f.strip() for f in args.function.split(",") if f.strip()]
-    if args.target and not args.slo_ms:
-        raise LoadTestError("--target needs --slo-ms: a peer has no function spec to read the SLO from")
     options = {key: getattr(args, attr) for attr, key in SCENARIO_OPTIONS.items() if getattr(args, attr) is not None}
     schedule = make_schedule(args.scenario, functions=functions, duration_s=args.duration, rate=args.rate,
                              seed=args.seed, **options)
     out.mkdir(parents=True, exist_ok=True)
-    url = (args.target or args.url or os.environ.get("SHOAL_URL") or DEFAULT_URL).rstrip("/")
-    token = args.token or os.environ.get("SHOAL_TOKEN") or _read_token(args.state_dir)
-    plane = ControlPlane(url, None if args.target else token)
+    plane = target.plane
+    specs = {f: plane.function(f) for f in schedule.functions} if plane else {}
+    inputs = target.inputs or {f: _metadata(target.url, f, plane) for f in schedule.functions}
+    (out / "inputs.json").write_text(json.dumps(inputs, indent=1))
+    if args.from_zero and plane is not None:
+        _wait_for_zero(plane, schedule.functions, specs, args.quiet)
+    before = plane.metrics() if plane else ""
+    first_event = plane.last_event_id() if plane else 0
+    devices = plane.status()["devices"] if plane else ([{"id": "cpu:0", "kind": "cpu", "emulated": False}]
+                                                       if target.sample else [])
+    if plane is not None:
+        def sample() -> dict[str, Any]:
+            status = plane.status()
+            return {f: status["functions"].get(f, {}) for f in schedule.functions}
+    else:
+        sample = target.sample
+    log = out / "requests.csv"
+    if not args.quiet:
+        print(f"{target.label}: {args.scenario}, {len(schedule)} requests over {schedule.duration_s:g} s -> {out}",
+              flush=True)
+    for f in schedule.functions:  # a body that cannot be built fails here, not inside Locust
+        _first_body(inputs[f], args)
+    proc = _start_locust(args, target.url, plane.token if plane else None, out, functions, options)
     try:
-        specs = {} if args.target else {f: plane.function(f) for f in schedule.functions}
-        inputs = {f: plane.metadata(f) for f in schedule.functions}
-        (out / "inputs.json").write_text(json.dumps(inputs, indent=1))
-        if args.from_zero and not args.target:
-            _wait_for_zero(plane, schedule.functions, specs, args.quiet)
-        watch = not args.target
-        before = plane.metrics() if watch else ""
-        first_event = plane.last_event_id() if watch else 0
-        devices = plane.status()["devices"] if watch else []
-        log = out / "requests.csv"
-        proc = _start_locust(args, url, token, out, functions, options)
-        samples, t0 = _watch(proc, plane if watch else None, schedule.functions, log, args, schedule)
-        after = plane.metrics() if watch else ""
-        events = plane.events_after(first_event) if watch else []
+        samples, t0 = _watch(proc, sample, log, args, schedule)
+        after = plane.metrics() if plane else ""
+        events = plane.events_after(first_event) if plane else []
     finally:
-        plane.close()
+        if proc.poll() is None:  # the runner failed (or was interrupted) while Locust ran: stop the load
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
-        tail = (out / "locust.out").read_text()[-2000:]
-        raise LoadTestError(f"locust exited with {proc.returncode}:\n{tail}")
+        raise LoadTestError(f"locust exited with {proc.returncode}:\n{_locust_tail(out)}")
 
     req = analysis.read_requests(log, t0)
     for s in samples:
         s["t"] -= t0
-    counters = _counters(before, after, schedule.functions) if watch else {}
-    slo = {f: args.slo_ms or float(specs[f]["scaling"]["slo_p95_ms"]) for f in schedule.functions}
+    counters = _counters(before, after, schedule.functions) if plane else {}
+    if target.slo_ms:  # a peer is held to the SLO of the Shoal function it is compared with
+        slo = target.slo_ms
+    elif args.slo_ms:
+        slo = {f: args.slo_ms for f in schedule.functions}
+    else:
+        slo = {f: float(specs[f]["scaling"]["slo_p95_ms"]) for f in schedule.functions}
     meta = {"scenario": args.scenario, "functions": list(schedule.functions), "duration_s": schedule.duration_s,
-            "t0": t0, "loop": "closed" if args.users > 0 else "open", "url": url, "title": args.title,
-            "target": args.target_name if args.target else "shoal", "slo_ms": slo,
+            "t0": t0, "loop": "closed" if args.users > 0 else "open", "url": target.url,
+            "title": args.title if plane else (args.title or "the same schedule"),
+            "target": target.label, "slo_ms": slo,
             "params": {**schedule.params, "users": args.users, "encoding": args.encoding, "batch": args.batch,
                        "slices": {f: specs[f]["slice"] for f in specs}}}
-    summary = analysis.summarize(meta=meta, req=req, offered=len(schedule), samples=samples, events=events,
-                                 counters=counters, locust=analysis.read_locust_totals(out / "locust_stats.csv"),
+    closed = args.users > 0  # a closed loop has no offered schedule: what was sent is what was offered
+    summary = analysis.summarize(meta=meta, req=req, offered=len(req) if closed else len(schedule),
+                                 samples=samples, events=events,
+                                 counters=counters, locust=_locust_totals(out),
                                  devices=devices)
-    ts = analysis.timeseries(req, schedule.offered_per_s(), samples, schedule.duration_s, summary["slo_ms"])
+    ts = analysis.timeseries(req, None if closed else schedule.offered_per_s(), samples, schedule.duration_s,
+                             summary["slo_ms"])
     with open(out / "samples.jsonl", "w") as f:
         for s in samples:
             f.write(json.dumps(s) + "\n")
     (out / "events.json").write_text(json.dumps(events, indent=1))
     (out / "timeseries.json").write_text(json.dumps(ts))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    report.write(out, summary, ts, compare=Path(args.compare) if args.compare else None)
-    return summary
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    report.write(out, summary, ts, compare=Path(args.compare) if args.compare and plane else None)
+    return summary, ts
+
+
+def _locust_totals(out: Path) -> dict[str, Any]:
+    final = out / "locust_final.json"
+    return {"csv": analysis.read_locust_totals(out / "locust_stats.csv"),
+            "final": analysis.read_locust_json(final) if final.exists() else None}
+
+
+def _locust_tail(out: Path) -> str:
+    text = ""
+    for name in ("locust.log", "locust.out"):
+        try:
+            text += (out / name).read_text()[-1500:]
+        except OSError:
+            pass
+    return text.strip() or "(no output)"
+
+
+def _first_body(metadata: dict[str, Any], args: argparse.Namespace):
+    from loadtests.tensors import body_for
+
+    return body_for(metadata, encoding=args.encoding, batch=args.batch, seed=args.seed)
+
+
+def _metadata(url: str, function: str, plane: ControlPlane | None) -> dict[str, Any]:
+    if plane is not None:
+        return plane.metadata(function)
+    r = httpx.get(f"{url}/v2/models/{function}", timeout=60)
+    if r.status_code != 200:
+        raise LoadTestError(f"GET {url}/v2/models/{function}: {r.status_code}; a target that serves no V2 "
+                            "metadata cannot be load-tested without it")
+    return r.json()
 
 
 def _read_token(state_dir: str | None) -> str | None:
@@ -242,7 +380,11 @@ def _wait_for_zero(plane: ControlPlane, functions: tuple[str, ...], specs: dict[
 def _start_locust(args, url: str, token: str | None, out: Path, functions: list[str],
                   options: dict[str, Any]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", url,
-           "--csv", str(out / "locust"), "--only-summary", "--loglevel", "WARNING", "--logfile", str(out / "locust.log"),
+           "--csv", str(out / "locust"), "--only-summary", "--loglevel", "WARNING",
+           "--logfile", str(out / "locust.log"),
+           "--exit-code-on-error", "0",  # failed requests are the report's business, not an error of the run
+           "--json-file", str(out / "locust_final"),  # totals taken after the run ended (the CSVs are on a timer)
+           "--stop-timeout", f"{max(1, math.ceil(args.drain_s))}s",  # closed loop: a stopping user finishes
            "--shoal-function", ",".join(functions), "--shoal-scenario", args.scenario,
            "--shoal-rate", str(args.rate), "--shoal-duration", str(args.duration), "--shoal-seed", str(args.seed),
            "--shoal-users", str(args.users), "--shoal-encoding", args.encoding, "--shoal-batch", str(args.batch),
@@ -255,7 +397,7 @@ def _start_locust(args, url: str, token: str | None, out: Path, functions: list[
     return subprocess.Popen(cmd, stdout=open(out / "locust.out", "w"), stderr=subprocess.STDOUT, env=env)
 
 
-def _watch(proc: subprocess.Popen, plane: ControlPlane | None, functions: tuple[str, ...], log: Path,
+def _watch(proc: subprocess.Popen, sample: Callable[[], dict[str, Any]] | None, log: Path,
            args, schedule) -> tuple[list[dict[str, Any]], float]:
     """Sample the control plane once a second and show progress until Locust ends; (samples, t0)."""
     samples: list[dict[str, Any]] = []
@@ -266,9 +408,8 @@ def _watch(proc: subprocess.Popen, plane: ControlPlane | None, functions: tuple[
     tty = sys.stdout.isatty()
     while True:
         tick = time.monotonic()
-        if plane is not None:
-            status = plane.status()
-            samples.append({"t": time.time(), "functions": {f: status["functions"].get(f, {}) for f in functions}})
+        if sample is not None:
+            samples.append({"t": time.time(), "functions": sample()})
         tail.read()
         t0 = _t0(t0_file)
         if not args.quiet and t0 is not None and (tty or tick - last_print >= 5.0):
@@ -281,14 +422,13 @@ def _watch(proc: subprocess.Popen, plane: ControlPlane | None, functions: tuple[
             proc.wait()
             raise LoadTestError(f"locust did not finish within {args.duration + args.drain_s + 120:g} s; killed")
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
-    if plane is not None:  # one last look, after the last answer
-        status = plane.status()
-        samples.append({"t": time.time(), "functions": {f: status["functions"].get(f, {}) for f in functions}})
+    if sample is not None:  # one last look, after the last answer
+        samples.append({"t": time.time(), "functions": sample()})
     if tty and not args.quiet:
         print()
     t0 = _t0(t0_file)
     if t0 is None:
-        raise LoadTestError(f"locust never started its schedule; see {log.parent / 'locust.out'}")
+        raise LoadTestError(f"locust never started its schedule:\n{_locust_tail(log.parent)}")
     return samples, t0
 
 
@@ -350,7 +490,8 @@ def _counters(before: str, after: str, functions: tuple[str, ...]) -> dict[str, 
         requests += sum(by_code.values())
         non_200 += sum(v for k, v in by_code.items() if k != "code=200")
         cold += sum(analysis.counter_delta(b, a, "shoal_cold_start_seconds_count", function=f, phase="spawn").values())
-    return {"gateway": {"requests": int(round(requests)), "non_200": int(round(non_200))}, "cold_starts": int(round(cold))}
+    return {"gateway": {"requests": int(round(requests)), "non_200": int(round(non_200))},
+            "cold_starts": int(round(cold))}
 
 
 def _print_headline(s: dict[str, Any]) -> None:

@@ -112,7 +112,8 @@ def make_schedule(scenario: str, *, functions: list[str] | tuple[str, ...], dura
         parts, params["step_x"] = [trace.times], step_x
     elif scenario == "diurnal":
         a = (swing - 1.0) / (swing + 1.0)  # peak = mean * (1 + a)
-        trace = make_trace("diurnal", seconds=T, seed=seed, rate=rate / (1 + a), swing=swing, period_s=T, phase=-math.pi / 2)
+        trace = make_trace("diurnal", seconds=T, seed=seed, rate=rate / (1 + a), swing=swing, period_s=T,
+                           phase=-math.pi / 2)  # from the trough
         parts, params["swing"] = [trace.times], swing
     elif scenario == "spike":
         base = rate / 10 if base_rate is None else base_rate

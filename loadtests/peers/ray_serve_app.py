@@ -3,8 +3,9 @@
 Run with the Python of a separate venv that has ray[serve] and onnxruntime
 (`make ray-venv`; Ray Serve 2.60 wants protobuf 7, which KServe cannot take):
 
-    .venv-ray/bin/python loadtests/peers/ray_serve_app.py MODEL.onnx
+    .venv-ray/bin/python loadtests/peers/ray_serve_app.py MODEL.onnx [--route /digits] [--max-replicas 1]
 
+`--route /v2/models/digits/infer` puts it where a V2 client posts (shoal loadtest --peer ray).
 Prints `ray serve ready STATUS_FILE PORT` once serving; STATUS_FILE holds the number
 of running replicas, refreshed every 0.1 s. The Serve proxy listens on 127.0.0.1.
 Autoscaling is Ray's default policy (target 2 ongoing requests, upscale from zero at
@@ -12,9 +13,9 @@ once), except that the delays before scaling down are 2 s instead of 600 s, so t
 benchmark can measure repeated cold starts in a bounded time.
 """
 
+import argparse
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -32,13 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@serve.deployment(
-    autoscaling_config={
-        "min_replicas": 0, "initial_replicas": 0, "max_replicas": 1, "target_ongoing_requests": 2,
-        "downscale_delay_s": 2.0, "downscale_to_zero_delay_s": 2.0,
-    },
-    ray_actor_options={"num_cpus": 0.5},
-)
+AUTOSCALING = {
+    "min_replicas": 0, "initial_replicas": 0, "max_replicas": 1, "target_ongoing_requests": 2,
+    "downscale_delay_s": 2.0, "downscale_to_zero_delay_s": 2.0,
+}
+
+
+@serve.deployment(autoscaling_config=AUTOSCALING, ray_actor_options={"num_cpus": 0.5})
 class Digits:
     def __init__(self, path: str):
         so = ort.SessionOptions()
@@ -71,11 +72,16 @@ def report(status_path: str) -> None:
 
 
 def main() -> None:
-    model = sys.argv[1]
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--route", default="/digits")
+    p.add_argument("--max-replicas", type=int, default=1)
+    args = p.parse_args()
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(Digits.bind(model), route_prefix="/digits", blocking=False)
+    config = {**AUTOSCALING, "max_replicas": args.max_replicas}
+    serve.run(Digits.options(autoscaling_config=config).bind(args.model), route_prefix=args.route, blocking=False)
     status_path = os.path.join(tempfile.mkdtemp(prefix="ray-serve-"), "replicas")
     threading.Thread(target=report, args=(status_path,), daemon=True).start()
     print(f"ray serve ready {status_path} {port}", flush=True)

@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import ROOT, start_plane, wait_for
 
+pytestmark = pytest.mark.timeout(600)  # the module's runs share one fixture, timed with its first test
+
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 
 
@@ -36,56 +38,105 @@ def _loadtest(plane, out, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
+class Counted:
+    """The gateway's counters and the control plane's cold starts, read by the test around one run."""
+
+    def __init__(self, plane, client, functions: tuple[str, ...]):
+        self.plane, self.client, self.functions = plane, client, functions
+
+    def __enter__(self):
+        self.before = _metrics(self.plane.url)
+        self.cold_before = self._cold()
+        self.first_event = self.client.events(limit=1)[-1]["id"]
+        return self
+
+    def __exit__(self, *exc):
+        after = _metrics(self.plane.url)
+        self.gateway: dict[str, float] = {}
+        for f in self.functions:
+            before = _gateway_requests(self.before, f)
+            for code, v in _gateway_requests(after, f).items():
+                self.gateway[code] = self.gateway.get(code, 0.0) + v - before.get(code, 0.0)
+        self.gateway = {k: v for k, v in self.gateway.items() if v}
+        self.cold_starts = self._cold() - self.cold_before
+        self.ready_events = [e for e in self.client.events(after=self.first_event)
+                             if e["kind"] == "replica_ready" and e["function"] in self.functions]
+
+    def _cold(self) -> int:
+        status = self.client.status()["functions"]
+        return sum(status[f]["cold_starts"] for f in self.functions)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, digits_onnx):
-    """Two runs on one `shoal up`: a spike into digits at zero, then a zero cycle compared with it."""
+    """Runs on one `shoal up`: a spike into digits at zero; a zero cycle compared with it; a closed loop over
+    two functions; requests the model refuses; the same schedule against KServe's ModelServer."""
     tmp = tmp_path_factory.mktemp("loadtest")
     plane = start_plane(tmp / "state")
+    bad_inputs = tmp / "bad.json"  # 63 features where the model takes 64: every request is a 400
+    bad_inputs.write_text(json.dumps({"digits": {"name": "digits", "inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [-1, 63]}]}}))
+    out: dict = {}
     try:
         with plane.client() as client:
-            client.deploy(digits_onnx, "digits", slice="1/4", max_replicas=3, idle_to_zero_s=2,
-                          target_concurrency=2, batch=8, batch_delay_ms=1)
-            assert httpx.get(f"{plane.url}/v2/models/digits", timeout=60).status_code == 200  # metadata, cached
+            for name in ("digits", "digits2"):
+                client.deploy(digits_onnx, name, slice="1/4", max_replicas=3, idle_to_zero_s=2,
+                              target_concurrency=2, batch=8, batch_delay_ms=1)
+                assert httpx.get(f"{plane.url}/v2/models/{name}", timeout=60).status_code == 200  # metadata, cached
             wait_for(lambda: client.status()["functions"]["digits"]["ready"] == 0, 30, "digits at zero")
-            before_metrics = _metrics(plane.url)
-            before_cold = client.status()["functions"]["digits"]["cold_starts"]
-            first_event = client.events(limit=1)[-1]["id"]
-
-            spike = _loadtest(plane, tmp / "spike", "spike", "--function", "digits", "--rate", "40", "--duration", "10",
-                              "--base-rate", "0", "--spike-at", "2", "--spike-s", "5", "--from-zero", "--seed", "3")
-            after_metrics = _metrics(plane.url)
-            after_cold = client.status()["functions"]["digits"]["cold_starts"]
-            ready_events = [e for e in client.events("digits", after=first_event) if e["kind"] == "replica_ready"]
-
-            cycle = _loadtest(plane, tmp / "cycle", "zero-cycle", "--function", "digits", "--rate", "30",
-                              "--duration", "12", "--burst-s", "3", "--idle-s", "6", "--encoding", "binary",
-                              "--compare", str(tmp / "spike"), "--title", "zero cycle, binary tensors")
+            with Counted(plane, client, ("digits",)) as counted:
+                out["spike"] = _loadtest(plane, tmp / "spike", "spike", "--function", "digits", "--rate", "40",
+                                         "--duration", "10", "--base-rate", "0", "--spike-at", "2", "--spike-s", "5",
+                                         "--from-zero", "--seed", "3")
+            out["spike_counted"] = counted
+            out["cycle"] = _loadtest(plane, tmp / "cycle", "zero-cycle", "--function", "digits", "--rate", "30",
+                                     "--duration", "12", "--burst-s", "3", "--idle-s", "6", "--encoding", "binary",
+                                     "--compare", str(tmp / "spike"), "--title", "zero cycle, binary tensors")
+            with Counted(plane, client, ("digits", "digits2")) as counted:
+                out["closed"] = _loadtest(plane, tmp / "closed", "longtail", "--function", "digits,digits2",
+                                          "--users", "3", "--rate", "20", "--duration", "5")
+            out["closed_counted"] = counted
+            with Counted(plane, client, ("digits",)) as counted:
+                out["refused"] = _loadtest(plane, tmp / "refused", "steady", "--function", "digits", "--rate", "10",
+                                           "--duration", "3", "--inputs", str(bad_inputs))
+            out["refused_counted"] = counted
+            out["peer"] = _loadtest(plane, tmp / "peer", "steady", "--function", "digits", "--rate", "20",
+                                    "--duration", "5", "--peer", "kserve", "--model", str(digits_onnx))
     finally:
         assert plane.stop() == 0
-    assert spike.returncode == 0, spike.stderr + spike.stdout
-    assert cycle.returncode == 0, cycle.stderr + cycle.stdout
-    return {"spike": tmp / "spike", "cycle": tmp / "cycle", "stdout": spike.stdout,
-            "gateway": {code: v - _gateway_requests(before_metrics, "digits").get(code, 0.0)
-                        for code, v in _gateway_requests(after_metrics, "digits").items()},
-            "cold_starts": after_cold - before_cold, "ready_events": ready_events}
+    for name in ("spike", "cycle", "closed", "refused", "peer"):
+        assert out[name].returncode == 0, out[name].stderr + out[name].stdout
+        out[f"{name}_dir"] = tmp / name
+    return out
+
+
+def _summary(runs, name: str) -> dict:
+    return json.loads((runs[f"{name}_dir"] / "summary.json").read_text())
+
+
+def _locust_aggregated(folder) -> dict[str, int]:
+    row = next(r for r in csv.DictReader(open(folder / "locust_stats.csv")) if r["Name"] == "Aggregated")
+    return {"requests": int(row["Request Count"]), "failures": int(row["Failure Count"])}
 
 
 def test_report_numbers_agree_with_locust_and_the_control_plane(runs):
-    out = runs["spike"]
-    summary = json.loads((out / "summary.json").read_text())
+    out = runs["spike_dir"]
+    summary = _summary(runs, "spike")
+    counted = runs["spike_counted"]
     # Locust's own totals, read here independently
-    aggregated = next(r for r in csv.DictReader(open(out / "locust_stats.csv")) if r["Name"] == "Aggregated")
-    assert summary["requests"] == int(aggregated["Request Count"]) > 100  # 40/s for 5 s: about 200
-    assert summary["failures"] == int(aggregated["Failure Count"]) == 0
+    locust = _locust_aggregated(out)
+    assert summary["requests"] == locust["requests"] > 100  # 40/s for 5 s: about 200
+    assert summary["failures"] == locust["failures"] == 0
     rows = list(csv.DictReader(open(out / "requests.csv")))
     assert len(rows) == summary["requests"]
     # the gateway's counter, read by this test: the runner's requests plus its one metadata GET
-    assert runs["gateway"] == {"200": summary["requests"] + 1}
+    assert counted.gateway == {"200": summary["requests"] + 1}
     assert summary["checks"]["gateway_requests"] == summary["requests"]
-    assert summary["checks"]["locust_agrees"] and summary["checks"]["gateway_agrees"]
+    assert summary["checks"]["locust_agrees"] and summary["checks"]["locust_csv_agrees"]
+    assert summary["checks"]["gateway_agrees"]
     # cold starts: the control plane's counter and its replica_ready events
-    assert summary["cold_starts"]["count"] == runs["cold_starts"] >= 1  # it started from zero
-    assert len(summary["cold_starts"]["replica_starts"]) == len(runs["ready_events"]) >= 1
+    assert summary["cold_starts"]["count"] == counted.cold_starts >= 1  # it started from zero
+    assert len(summary["cold_starts"]["replica_starts"]) == len(counted.ready_events) >= 1
     assert summary["cold_starts"]["requests_held"] >= 1
     # latency and SLO recomputed from the per-request rows
     latency = np.array([float(r["latency_ms"]) for r in rows])
@@ -98,12 +149,37 @@ def test_report_numbers_agree_with_locust_and_the_control_plane(runs):
     cost = summary["cost"]
     assert 0 < cost["replica_slice_seconds"] < cost["static_peak"]["replica_slice_seconds"]
     assert cost["device_kinds"] == ["cpu"] and cost["gpu_seconds"] is None
-    assert "report: " in runs["stdout"] and "SLO attainment" in runs["stdout"]
+    assert "report: " in runs["spike"].stdout and "SLO attainment" in runs["spike"].stdout
+
+
+def test_closed_loop_over_two_functions_agrees_too(runs):
+    summary = _summary(runs, "closed")
+    counted = runs["closed_counted"]
+    rows = list(csv.DictReader(open(runs["closed_dir"] / "requests.csv")))
+    per_function = {f: sum(1 for r in rows if r["function"] == f) for f in ("digits", "digits2")}
+    assert summary["loop"] == "closed" and all(n > 0 for n in per_function.values()), per_function
+    assert summary["requests"] == len(rows) == _locust_aggregated(runs["closed_dir"])["requests"]
+    assert summary["checks"]["locust_agrees"] and summary["checks"]["locust_csv_agrees"]
+    # each function's metadata GET (one each) plus every request: nothing lost when users stopped
+    assert counted.gateway == {"200": summary["requests"] + 2}
+    assert summary["failures"] == 0 and summary["checks"]["gateway_agrees"]
+
+
+def test_refused_requests_are_counted_as_failures_everywhere(runs):
+    summary = _summary(runs, "refused")
+    counted = runs["refused_counted"]
+    n = summary["requests"]
+    assert n > 10 and summary["failures"] == n == _locust_aggregated(runs["refused_dir"])["failures"]
+    assert summary["errors_by_status"] == {"400": n} and summary["slo_attainment"] == 0.0
+    assert counted.gateway == {"400": n}  # --inputs: no metadata GET this time
+    assert summary["checks"]["gateway_agrees"] and summary["latency_ms"]["p50"] is None
+    page = (runs["refused_dir"] / "report.html").read_text()
+    assert "0.00%" in page and "alt='errors chart'" in page and (runs["refused_dir"] / "errors.png").exists()
 
 
 def test_report_files_and_headline(runs):
-    out = runs["spike"]
-    summary = json.loads((out / "summary.json").read_text())
+    out = runs["spike_dir"]
+    summary = _summary(runs, "spike")
     for name in ("latency", "throughput", "replicas", "duty", "coldstarts"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     page = (out / "report.html").read_text()
@@ -115,14 +191,32 @@ def test_report_files_and_headline(runs):
 
 
 def test_compare_puts_two_runs_side_by_side(runs):
-    out = runs["cycle"]
-    summary = json.loads((out / "summary.json").read_text())
+    out = runs["cycle_dir"]
+    summary = _summary(runs, "cycle")
     page = (out / "report.html").read_text()
     assert "Side by side" in page and (out / "compare.png").exists()
     assert "zero cycle, binary tensors" in page and "spike on digits" in page
     # two bursts with an idle gap past idle_to_zero_s: two cold starts, and binary tensors worked
     assert summary["failures"] == 0 and summary["params"]["encoding"] == "binary"
     assert len(summary["cold_starts"]["replica_starts"]) >= 2
+
+
+def test_the_same_schedule_against_kserve_side_by_side(runs):
+    shoal = _summary(runs, "peer")
+    kserve = json.loads((runs["peer_dir"] / "peer-kserve" / "summary.json").read_text())
+    shoal_rows = list(csv.DictReader(open(runs["peer_dir"] / "requests.csv")))
+    kserve_rows = list(csv.DictReader(open(runs["peer_dir"] / "peer-kserve" / "requests.csv")))
+    # one seed, one schedule: the same requests offered at the same offsets
+    assert shoal["offered"] == kserve["offered"] == len(shoal_rows) == len(kserve_rows) > 50
+    offsets = [float(r["scheduled"]) for r in shoal_rows]
+    peer_offsets = [float(r["scheduled"]) for r in kserve_rows]
+    assert np.allclose(np.sort(np.subtract(offsets, min(offsets))),
+                       np.sort(np.subtract(peer_offsets, min(peer_offsets))), atol=1e-5)
+    assert kserve["target"].startswith("KServe ModelServer") and kserve["failures"] == 0
+    assert kserve["slo_ms"] == shoal["slo_ms"]  # held to the Shoal function's SLO
+    assert kserve["replicas"]["peak"] == 1 and kserve["checks"]["locust_agrees"]
+    page = (runs["peer_dir"] / "report.html").read_text()
+    assert "Side by side" in page and "KServe ModelServer" in page
 
 
 def test_report_renders_in_headless_chromium(runs, tmp_path):
@@ -143,7 +237,7 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
             page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-            page.goto((runs["cycle"] / "report.html").as_uri(), wait_until="load")
+            page.goto((runs["cycle_dir"] / "report.html").as_uri(), wait_until="load")
             images = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, e.complete, e.naturalWidth])")
             headline = page.inner_text(".headline")
             page.screenshot(path=str(shot), full_page=True)

@@ -45,8 +45,9 @@ def test_costs_integrate_slices_held_until_the_next_sample():
     c = analysis.costs(samples, t_end=4.0, devices=CPU)
     assert c["replica_slice_seconds"] == pytest.approx(1.25)
     assert c["device_seconds"] == pytest.approx(3.0)
-    assert c["static_peak"] == {"replicas": {"f": 2}, "replica_slice_seconds": pytest.approx(2.0),
-                                "device_seconds": pytest.approx(4.0)}
+    assert c["static_peak"] == {"replicas": {"f": 2}, "slices": {"f": "1/2"},
+                                "replica_slice_seconds": pytest.approx(2.0), "device_seconds": pytest.approx(4.0)}
+    assert c["replica_seconds"] == pytest.approx(1 * 1 + 2 * 2)  # replicas x seconds: 5
     assert c["vs_static"] == pytest.approx(1.25 / 2.0)
     assert c["gpu_seconds"] is None and c["device_kinds"] == ["cpu"] and not c["emulated"]
 
@@ -62,11 +63,34 @@ def test_costs_count_each_device_once_and_label_emulated_gpus():
     assert c["static_peak"]["device_seconds"] == pytest.approx(2.0)
 
 
-def test_stopping_replicas_hold_no_slice():
-    samples = [sample(0, [("a", "stopping", "1/4", "cpu:0")])]
-    c = analysis.costs(samples, t_end=5.0, devices=CPU)
+def test_draining_replicas_hold_their_slice_until_stopped():
+    # a draining replica (finishing its requests before it stops) still holds 1/4 for 2 s = 0.5; stopped ones nothing
+    samples = [sample(0, [("a", "draining", "1/4", "cpu:0"), ("b", "stopped", "1/4", "cpu:0"),
+                          ("c", "failed", "1/4", "cpu:0")])]
+    c = analysis.costs(samples, t_end=2.0, devices=CPU)
+    assert c["replica_slice_seconds"] == pytest.approx(0.5) and c["static_peak"]["replicas"] == {"f": 1}
+
+
+def test_no_replica_means_no_static_cost_and_no_ratio():
+    c = analysis.costs([sample(0, [("b", "stopped", "1/4", "cpu:0")])], t_end=5.0, devices=CPU)
     assert c["replica_slice_seconds"] == 0 and c["static_peak"]["replica_slice_seconds"] == 0
     assert c["vs_static"] is None  # nothing to compare with, not a division by zero
+
+
+def test_samples_after_the_end_count_for_nothing():
+    # one replica the whole time; samples every second to t = 13 but the run ends at t = 10:
+    # measured 0.25 * 10 = 2.5 and static 0.25 * 10 = 2.5, so exactly 1.0x (not 13 / 10)
+    samples = [sample(t, [("a", "ready", "1/4", "cpu:0")]) for t in range(14)]
+    c = analysis.costs(samples, t_end=10.0, devices=CPU)
+    assert c["replica_slice_seconds"] == pytest.approx(2.5) and c["vs_static"] == pytest.approx(1.0)
+
+
+def test_static_peak_uses_the_slices_the_replicas_had():
+    # the spec says 1/4, the controller placed two replicas at 1/2: the peak held is 1 whole device, so a static
+    # allocation of it for 4 s is 4.0 slice-seconds, the same as measured (1.0x, not 2.0x)
+    samples = [sample(0, [("a", "ready", "1/2", "cpu:0"), ("b", "ready", "1/2", "cpu:0")], slice_="1/4")]
+    c = analysis.costs(samples, t_end=4.0, devices=CPU)
+    assert c["static_peak"]["slices"] == {"f": "1"} and c["vs_static"] == pytest.approx(1.0)
 
 
 def meta(**kw):
@@ -79,27 +103,63 @@ def test_summary_slo_attainment_counts_failures_as_missed():
     # attainment = 7 / 10 = 0.7; failures = 2; p50 of the 8 answered latencies.
     rows = [(i * 0.5, 10.0 + i, 200, "f") for i in range(7)]
     rows += [(4.0, 150.0, 200, "f"), (4.5, 2.0, 503, "f", "503 Service Unavailable"),
-             (5.0, 0.0, 0, "f", "client: max in-flight 1000 reached")]
+             (5.0, 0.0, 0, "f", "client: not sent, max in-flight 1000 reached")]
     req = requests(rows)
     s = analysis.summarize(meta=meta(), req=req, offered=10, samples=[], events=[],
                            counters={"gateway": {"requests": 9, "non_200": 1}, "cold_starts": 0},
-                           locust={"requests": 10, "failures": 2}, devices=CPU)
+                           locust={"csv": {"requests": 10, "failures": 2}, "final": {"requests": 10, "failures": 2}},
+                           devices=CPU)
     assert s["requests"] == 10 and s["failures"] == 2 and s["ok"] == 8
     assert s["slo_attainment"] == pytest.approx(0.7)
     assert s["latency_ms"]["p50"] == pytest.approx(np.percentile([10, 11, 12, 13, 14, 15, 16, 150], 50))  # 13.5
     assert s["latency_ms"]["max"] == 150.0
-    assert s["errors_by_status"] == {"503": 1, "client: max in-flight 1000 reached": 1}
+    assert s["errors_by_status"] == {"503": 1, "client: not sent, max in-flight 1000 reached": 1}
     # 10 sent by Locust, 9 reached the gateway (one refused by the client); 1 non-200 answer there
     assert s["checks"]["sent_to_gateway"] == 9 and s["checks"]["http_errors"] == 1
     assert s["checks"]["locust_agrees"] and s["checks"]["gateway_agrees"]
     assert s["achieved_rate"] == pytest.approx(8 / 10.0) and s["offered_rate"] == pytest.approx(1.0)
 
 
+def test_events_of_other_functions_are_left_out():
+    events = [{"id": 1, "at": 1001.0, "function": "other", "kind": "scale", "message": "0 -> 1",
+               "data": {"from": 0, "to": 1, "reason": "COLD_START"}},
+              {"id": 2, "at": 1001.5, "function": "other", "kind": "replica_ready", "message": "ready",
+               "data": {"replica": "other-1", "spawn_s": 0.1, "ready_s": 0.2}}]
+    s = analysis.summarize(meta=meta(), req=requests([(0.0, 5.0, 200, "f")]), offered=1, samples=[], events=events,
+                           counters={}, locust={"csv": {"requests": 1, "failures": 0}}, devices=CPU)
+    assert s["scale_decisions"] == [] and s["cold_starts"]["replica_starts"] == []
+
+
+def test_requests_given_up_may_be_counted_either_way_by_the_gateway():
+    # 3 sent; one given up by the client at the end of the run. The gateway counted all 3, and the given-up one
+    # as 200 (it answered after the client left) or as 499 (it saw the client leave): both agree.
+    req = requests([(0.0, 5.0, 200, "f"), (0.5, 5.0, 200, "f"),
+                    (1.0, 30000.0, 0, "f", "client: gave up, the run ended before the answer")])
+    for non_200 in (0, 1):
+        s = analysis.summarize(meta=meta(), req=req, offered=3, samples=[], events=[],
+                               counters={"gateway": {"requests": 3, "non_200": non_200}},
+                               locust={"csv": {"requests": 3, "failures": 1}}, devices=CPU)
+        assert s["checks"]["gave_up"] == 1 and s["checks"]["gateway_agrees"], non_200
+    s = analysis.summarize(meta=meta(), req=req, offered=3, samples=[], events=[],
+                           counters={"gateway": {"requests": 3, "non_200": 2}},
+                           locust={"csv": {"requests": 3, "failures": 1}}, devices=CPU)
+    assert not s["checks"]["gateway_agrees"]  # 2 non-200 cannot come from 0 errors and 1 given up
+
+
+def test_locust_final_totals_win_over_a_late_csv():
+    # the CSV was written a second before the end and missed 2 requests; the exit totals have them all
+    req = requests([(float(i), 5.0, 200, "f") for i in range(5)])
+    s = analysis.summarize(meta=meta(), req=req, offered=5, samples=[], events=[], counters={},
+                           locust={"csv": {"requests": 3, "failures": 0}, "final": {"requests": 5, "failures": 0}},
+                           devices=CPU)
+    assert s["checks"]["locust_agrees"] is True and s["checks"]["locust_csv_agrees"] is False
+
+
 def test_checks_disagree_when_the_counts_differ():
     req = requests([(0.0, 5.0, 200, "f"), (1.0, 5.0, 200, "f")])
     s = analysis.summarize(meta=meta(), req=req, offered=2, samples=[], events=[],
                            counters={"gateway": {"requests": 3, "non_200": 0}, "cold_starts": 0},
-                           locust={"requests": 2, "failures": 1}, devices=CPU)
+                           locust={"csv": {"requests": 2, "failures": 1}, "final": None}, devices=CPU)
     assert not s["checks"]["locust_agrees"] and not s["checks"]["gateway_agrees"]
 
 
@@ -107,7 +167,8 @@ def test_per_function_slos():
     # a: SLO 10 ms, b: SLO 1,000 ms. 20 ms meets b's, not a's: attainment 1 / 2
     req = requests([(0.0, 20.0, 200, "a"), (0.1, 20.0, 200, "b")])
     s = analysis.summarize(meta=meta(functions=["a", "b"], slo_ms={"a": 10.0, "b": 1000.0}), req=req, offered=2,
-                           samples=[], events=[], counters={}, locust={"requests": 2, "failures": 0}, devices=[])
+                           samples=[], events=[], counters={}, locust={"csv": {"requests": 2, "failures": 0}},
+                           devices=[])
     assert s["slo_attainment"] == 0.5
     assert s["checks"]["gateway_agrees"] is None  # no control plane (a peer): nothing to compare with
 
@@ -161,7 +222,7 @@ def test_read_locust_totals_and_requests(tmp_path):
     assert analysis.read_locust_totals(stats) == {"requests": 12, "failures": 2}
     log = tmp_path / "requests.csv"
     log.write_text("start,scheduled,latency_ms,status,function,error,cold_start\n"
-                   "1000.5,1000.4,3.5,200,f,,\n1001.0,,0.0,0,f,client: max in-flight 1 reached,\n")
+                   "1000.5,1000.4,3.5,200,f,,\n1001.0,,0.0,0,f,client: not sent,\n")
     req = analysis.read_requests(log, t0=1000.0)
     assert req.start.tolist() == [0.5, 1.0] and req.scheduled[0] == pytest.approx(0.4) and math.isnan(req.scheduled[1])
     assert req.status.tolist() == [200, 0] and req.ok.tolist() == [True, False]
@@ -170,9 +231,22 @@ def test_read_locust_totals_and_requests(tmp_path):
         analysis.read_locust_totals(stats)
 
 
-def test_summary_is_json(tmp_path):
-    req = requests([(0.0, 5.0, 200, "f")])
-    s = analysis.summarize(meta=meta(), req=req, offered=1, samples=[sample(0, [("a", "ready", "1/4", "cpu:0")])],
-                           events=[], counters={"gateway": {"requests": 1, "non_200": 0}, "cold_starts": 0},
-                           locust={"requests": 1, "failures": 0}, devices=CPU)
-    assert json.loads(json.dumps(s, allow_nan=False))["requests"] == 1
+def test_a_closed_loop_of_failures_still_makes_valid_json():
+    # closed loop: no scheduled times (NaN lag); every request failed: no latency to take quantiles of
+    req = requests([(0.0, 3.0, 400, "f", "400 Bad Request"), (0.5, 3.0, 400, "f", "400 Bad Request")])
+    req = Requests(req.start, np.full(2, np.nan), req.latency_ms, req.status, req.function, req.error, req.cold)
+    s = analysis.summarize(meta=meta(loop="closed"), req=req, offered=2, samples=[], events=[],
+                           counters={"gateway": {"requests": 2, "non_200": 2}},
+                           locust={"csv": {"requests": 2, "failures": 2}}, devices=CPU)
+    doc = json.loads(json.dumps(s, allow_nan=False))  # raises on NaN or Infinity
+    assert doc["slo_attainment"] == 0.0 and doc["latency_ms"]["p95"] is None and doc["client_send_lag_ms"] is None
+    assert doc["errors_by_status"] == {"400": 2} and doc["checks"]["gateway_agrees"]
+    ts = analysis.timeseries(req, np.array([1]), [], duration_s=1, slo_ms={"f": 100.0})
+    assert json.loads(json.dumps(ts, allow_nan=False))["failed"] == [2]
+
+
+def test_no_requests_at_all():
+    s = analysis.summarize(meta=meta(), req=requests([]), offered=0, samples=[], events=[], counters={},
+                           locust={"csv": {"requests": 0, "failures": 0}}, devices=CPU)
+    assert s["requests"] == 0 and s["slo_attainment"] is None and s["latency_ms"]["p50"] is None
+    json.dumps(s, allow_nan=False)

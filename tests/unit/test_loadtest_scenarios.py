@@ -153,7 +153,8 @@ def test_closed_loop_users_follow_the_offered_rate():
     assert s.users_at(8, 5) >= 7
     assert s.users_at(8, 20) == 0
     assert s.users_at(8, 35) >= 7
-    assert 0 <= s.users_at(8, 1e9) <= 8  # past the end: the last second's level
+    assert s.users_at(8, 1e9) == s.users_at(8, 39)  # past the end: the last second's level
+    assert s.users_at(8, -5) == s.users_at(8, 0)
 
 
 def test_describe_is_json_ready():
