@@ -68,10 +68,18 @@ class Peer:
             if time.monotonic() > deadline:
                 raise PeerUnavailable(f"{self.label} did not answer a request within {timeout_s:g} s: {problem}")
             time.sleep(0.5)
-        while from_zero and self.kind == "ray" and self.replicas() > 0:
-            if time.monotonic() > deadline:
+        zero_since = None  # Ray's status can read 0 for a moment in a transition: zero must hold 3 s
+        while from_zero and self.kind == "ray":
+            now = time.monotonic()
+            if self.replicas() > 0:
+                zero_since = None
+            elif zero_since is None:
+                zero_since = now
+            elif now - zero_since >= 3.0:
+                break
+            if now > deadline:
                 raise PeerUnavailable(f"{self.label} kept its replicas for {timeout_s:g} s")
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
