@@ -64,13 +64,17 @@ def fetch(url: str, sha256: str, out: Path, *, max_bytes: int, timeout_s: float 
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shoal fetch", description=__doc__.splitlines()[0])
     p.add_argument("url")
     p.add_argument("--sha256", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--max-gib", type=float, default=64.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         downloaded = fetch(args.url, args.sha256, Path(args.out), max_bytes=int(args.max_gib * 2**30))
     except (FetchError, OSError) as exc:

@@ -245,7 +245,7 @@ def controller(cluster: Cluster) -> dict[str, Any]:
                                            "--leader-elect", "--lease", "shoal-controller",
                                            "--metrics-source", "prometheus", "--prometheus-url", cluster.prometheus_url,
                                            "--gpu-sharing", cluster.sharing.mode, "--gpu", cluster.sharing.gpu,
-                                           "--port", str(CONTROLLER_PORT)],
+                                           "--host", "0.0.0.0", "--port", str(CONTROLLER_PORT)],
                    CONTROLLER_PORT, "http", live="/healthz", ready="/healthz",
                    resources=_resources("200m", "256Mi", "1", "512Mi"),
                    env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])

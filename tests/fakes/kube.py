@@ -34,6 +34,7 @@ class FakeKube:
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[str] = []
         self.failures: dict[str, list[ApiException]] = {}
         self._version = 100
@@ -120,6 +121,20 @@ class FakeKube:
             raise api_error(404, f'services "{name}" not found')
         del self.services[(namespace, name)]
         return {"kind": "Status", "status": "Success"}
+
+    # v1 ConfigMaps
+    def list_namespaced_config_map(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+        self._call("list_namespaced_config_map", namespace)
+        return {"items": [copy.deepcopy(c) for (ns, _), c in sorted(self.config_maps.items())
+                          if ns == namespace and _matches(c["metadata"].get("labels", {}), label_selector)]}
+
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        self._call("create_namespaced_config_map", name)
+        if (namespace, name) in self.config_maps:
+            raise api_error(409, f'configmaps "{name}" already exists')
+        self.config_maps[(namespace, name)] = copy.deepcopy(body)
+        return body
 
     # coordination.k8s.io/v1 Leases
     def read_namespaced_lease(self, name: str, namespace: str) -> dict[str, Any]:

@@ -1,0 +1,258 @@
+"""The controller on a cluster: functions from ConfigMaps, metrics from Prometheus (PromQL), the
+same `decide()` as `shoal up`, and the Kubernetes backend to make it so.
+
+One tick, while this controller holds the Lease:
+1. read the functions (ConfigMaps labelled `shoal.dev/kind=function`: the spec as JSON and its
+   revision, written by the control API);
+2. observe their Deployments (desired and ready replicas);
+3. ask Prometheus, per function, for what the policy needs (`function_queries`): request rate,
+   the duty cycle of each replica's slice, p95 latency, requests inside replicas and held at the
+   gateway's activator, executor seconds per request; build the `MetricsSnapshot`
+   (`snapshot_from_results`, pure);
+4. `decide()`, then `KubernetesBackend.reconcile()` with every function's desired count.
+
+A follower does nothing but try for the Lease. Prometheus being unreachable is not zero load: a
+function whose metrics cannot be read keeps its replica count this tick.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autoscaler.metrics import MetricsSnapshot
+from autoscaler.policy import PolicyState, ScaleDecision, decide
+from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict
+from functions.spec import FunctionSpec, spec_from_dict
+
+log = logging.getLogger("shoal.k8s.controller")
+
+FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
+WINDOW = "30s"
+
+
+def function_queries(function: str, window: str = WINDOW) -> dict[str, str]:
+    """PromQL for one function's snapshot; every query is one instant vector."""
+    f = json.dumps(function)  # a quoted PromQL string literal
+    return {
+        "rps": f"sum(rate(shoal_replica_requests_total{{function={f}}}[{window}]))",
+        "duty": f"sum by (pod) (rate(shoal_replica_busy_seconds_total{{function={f}}}[{window}]))",
+        "p95_s": f"histogram_quantile(0.95, sum by (le) "
+                 f"(rate(shoal_replica_request_duration_seconds_bucket{{function={f}}}[{window}])))",
+        "inflight": f"sum(shoal_replica_inflight{{function={f}}})",
+        "queued": f"sum(shoal_replica_queued{{function={f}}})",
+        "held": f"sum(shoal_activator_queue_depth{{function={f}}})",
+        "busy": f"sum(rate(shoal_replica_busy_seconds_total{{function={f}}}[{window}]))",
+    }
+
+
+def _scalar(result: list[dict[str, Any]]) -> float | None:
+    """The value of a one-sample vector (None: no sample, or NaN such as a quantile of nothing)."""
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return value if math.isfinite(value) else None
+
+
+def snapshot_from_results(function: str, now: float, observed: Observed | None, results: dict[str, list],
+                          slice_fraction: float | None = None) -> MetricsSnapshot:
+    """A MetricsSnapshot from the `data.result` vectors of `function_queries` (pure)."""
+    rps = _scalar(results.get("rps", [])) or 0.0
+    busy = _scalar(results.get("busy", [])) or 0.0
+    duties = tuple(sorted(min(1.0, max(0.0, float(s["value"][1]))) for s in results.get("duty", [])
+                          if math.isfinite(float(s["value"][1]))))
+    ready = observed.ready if observed else 0
+    current = observed.replicas if observed else 0
+    return MetricsSnapshot(
+        function=function, at=now, ready=ready, starting=max(0, current - ready),
+        inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
+        activator_queue=int(_scalar(results.get("held", [])) or 0), duty=duties[:ready] if ready else (),
+        rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
+        service_s=busy / rps if rps > 0 else None,
+    )
+
+
+class ConfigMapFunctions:
+    """Function specs kept as ConfigMaps in the namespace (what the control API writes)."""
+
+    def __init__(self, core: Any, namespace: str):
+        self.core, self.namespace = core, namespace
+
+    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
+        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
+        items = listing.get("items", []) if isinstance(listing, dict) else (listing.items or [])
+        out: dict[str, tuple[FunctionSpec, int]] = {}
+        for cm in map(as_dict, items):
+            data = cm.get("data") or {}
+            try:
+                spec = spec_from_dict(json.loads(data["spec.json"]))
+                out[spec.name] = (spec, int(data.get("revision", "1")))
+            except (KeyError, ValueError) as exc:  # one bad ConfigMap must not stop the others
+                log.warning("ConfigMap %s: not a function spec (%s)", cm["metadata"]["name"], exc)
+        return out
+
+    @staticmethod
+    def config_map(spec_json: dict[str, Any], revision: int, namespace: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"function-{spec_json['name']}", "namespace": namespace,
+                             "labels": {"shoal.dev/kind": "function", "shoal.dev/function": spec_json["name"]}},
+                "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
+
+
+@dataclass
+class TickResult:
+    leader: bool
+    decisions: dict[str, ScaleDecision] = field(default_factory=dict)
+    unread: list[str] = field(default_factory=list)  # functions whose metrics could not be read
+    applied: list[str] = field(default_factory=list)
+
+
+class ClusterController:
+    def __init__(self, backend: KubernetesBackend, functions: ConfigMapFunctions,
+                 query: Callable[[str], list[dict[str, Any]]], artifact: Callable[[FunctionSpec], Any],
+                 clock: Callable[[], float], lease: str = "shoal-controller", lease_s: float = 15.0):
+        """`query(promql)` returns the `data.result` of an instant query or raises; `artifact(spec)`
+        says where a function's artifact is (deploy.k8s.artifact_for)."""
+        self.backend, self.functions, self.query, self.artifact, self.clock = (backend, functions, query, artifact,
+                                                                               clock)
+        self.lease, self.lease_s = lease, lease_s
+        self.state: dict[str, PolicyState] = {}
+
+    def tick(self) -> TickResult:
+        if not self.backend.lead(self.lease, self.lease_s):
+            self.state.clear()  # a new leader starts from what it measures, not from stale windows
+            return TickResult(leader=False)
+        now = self.clock()
+        result = TickResult(leader=True)
+        observed = self.backend.observe()
+        desired: dict[str, Desired] = {}
+        for name, (spec, revision) in sorted(self.functions.functions().items()):
+            have = observed.get(name)
+            try:
+                results = {key: self.query(q) for key, q in function_queries(name).items()}
+            except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load
+                log.warning("%s: metrics unavailable (%s); keeping %s replicas", name, exc,
+                            have.replicas if have else spec.scaling.min_replicas)
+                result.unread.append(name)
+                keep = have.replicas if have else spec.scaling.min_replicas
+                desired[name] = Desired(spec, revision, keep, self.artifact(spec))
+                continue
+            snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction))
+            decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
+            result.decisions[name] = decision
+            desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
+        result.applied = self.backend.reconcile(desired).applied
+        return result
+
+
+def prometheus_query(url: str, timeout_s: float = 5.0) -> Callable[[str], list[dict[str, Any]]]:
+    """An instant-query function against Prometheus's HTTP API."""
+    import httpx
+
+    client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+
+    def query(promql: str) -> list[dict[str, Any]]:
+        r = client.get("/api/v1/query", params={"query": promql})
+        r.raise_for_status()
+        body = r.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus: {body.get('error', body)}")
+        return body["data"]["result"]
+
+    return query
+
+
+def build_parser():
+    import argparse
+
+    from deploy.manifests.gpus import GPUS, MODES
+    from deploy.manifests.render import ARTIFACT_SOURCES
+
+    p = argparse.ArgumentParser(prog="shoal controller", description="the controller on a Kubernetes cluster")
+    p.add_argument("--backend", choices=("kubernetes",), default="kubernetes")
+    p.add_argument("--namespace", default="shoal")
+    p.add_argument("--leader-elect", action="store_true", help="hold the Lease before acting (always on)")
+    p.add_argument("--lease", default="shoal-controller")
+    p.add_argument("--lease-s", type=float, default=15.0)
+    p.add_argument("--metrics-source", choices=("prometheus",), default="prometheus")
+    p.add_argument("--prometheus-url", default="http://prometheus-operated.monitoring.svc:9090")
+    p.add_argument("--gpu-sharing", choices=MODES, default="hami")
+    p.add_argument("--gpu", choices=sorted(GPUS), default="A100-80GB")
+    p.add_argument("--artifact-source", choices=ARTIFACT_SOURCES, default="pvc")
+    p.add_argument("--artifact-base", default="")
+    p.add_argument("--tick-s", type=float, default=2.0)
+    p.add_argument("--host", default="127.0.0.1", help="for /healthz and /metrics (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=8081)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`shoal controller`: tick until SIGTERM; /healthz answers 200 while the loop runs."""
+    import os
+    import signal
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
+
+    from deploy.k8s import artifact_for
+    from deploy.manifests.gpus import Sharing
+    from deploy.manifests.render import Cluster
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cluster = Cluster(namespace=args.namespace, sharing=Sharing(mode=args.gpu_sharing, gpu=args.gpu))
+    identity = os.environ.get("POD_NAME") or f"shoal-controller-{os.getpid()}"
+    backend = KubernetesBackend.from_kubeconfig(cluster, identity)
+    from kubernetes import client
+
+    ctl = ClusterController(backend, ConfigMapFunctions(client.CoreV1Api(), args.namespace),
+                            prometheus_query(args.prometheus_url),
+                            lambda spec: artifact_for(spec, args.artifact_source, args.artifact_base), time.time,
+                            lease=args.lease, lease_s=args.lease_s)
+    leader = Gauge("shoal_controller_leader", "1 while this controller holds the Lease")
+    decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
+                        ["function", "reason"])
+    last_tick = [time.monotonic()]
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/metrics":
+                body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
+            elif self.path == "/healthz":
+                alive = time.monotonic() - last_tick[0] < max(30.0, 10 * args.tick_s)
+                body, ctype, code = (b"ok" if alive else b"stalled"), "text/plain", 200 if alive else 503
+            else:
+                body, ctype, code = b"not found", "text/plain", 404
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):  # quiet
+            pass
+
+    server = ThreadingHTTPServer((args.host, args.port), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.info("controller %s on namespace %s, %s sharing, Prometheus %s", identity, args.namespace,
+             args.gpu_sharing, args.prometheus_url)
+    while not stop.is_set():
+        try:
+            result = ctl.tick()
+            leader.set(1 if result.leader else 0)
+            for name, d in result.decisions.items():
+                if any(a.startswith(("scale " + name, "create " + name)) for a in result.applied):
+                    decisions.labels(name, d.reason).inc()
+        except Exception:  # noqa: BLE001 - one bad tick must not end the controller
+            log.exception("tick failed")
+        last_tick[0] = time.monotonic()
+        stop.wait(args.tick_s)
+    server.shutdown()
+    return 0

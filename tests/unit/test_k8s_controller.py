@@ -1,0 +1,114 @@
+"""deploy/k8s_controller.py: a snapshot from PromQL answers (recorded shapes of Prometheus's
+`data.result`), and the controller's tick against the fake API server, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.backends.kubernetes import KubernetesBackend, Observed
+from deploy.k8s import artifact_for
+from deploy.k8s_controller import (
+    ClusterController,
+    ConfigMapFunctions,
+    function_queries,
+    snapshot_from_results,
+)
+from deploy.manifests.render import Cluster
+from tests.fakes.kube import FakeKube
+
+
+def vector(*values: float, label: str | None = None) -> list[dict]:
+    """An instant vector as Prometheus answers it: values are strings, with the evaluation time."""
+    return [{"metric": {"pod": f"{label}-{i}"} if label else {}, "value": [1795320000.0, repr(v)]}
+            for i, v in enumerate(values)]
+
+
+def test_queries_select_the_function_and_quote_it():
+    q = function_queries('we"ird')
+    assert q["rps"] == 'sum(rate(shoal_replica_requests_total{function="we\\"ird"}[30s]))'
+    assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy"}
+
+
+def test_snapshot_arithmetic():
+    # 40 req/s answered with 0.8 executor-seconds per second: 0.02 s per request; 3 desired, 2 ready -> 1 starting
+    results = {"rps": vector(40.0), "busy": vector(0.8), "duty": vector(0.5, 0.3, label="fn-digits"),
+               "p95_s": vector(0.042), "inflight": vector(3.0), "queued": vector(1.0), "held": vector(2.0)}
+    s = snapshot_from_results("digits", 100.0, Observed("digits", 1, 3, 2), results, 0.25)
+    assert (s.ready, s.starting, s.rps, s.p95_s, s.inflight, s.queued, s.activator_queue) == (2, 1, 40.0, 0.042,
+                                                                                               3.0, 1.0, 2)
+    assert s.duty == (0.3, 0.5) and s.service_s == pytest.approx(0.02) and s.slice_fraction == 0.25
+    assert s.demand == 5.0  # 3 inside replicas + 2 held at the activator
+
+
+def test_snapshot_of_nothing():
+    # no series yet, a quantile of no requests is NaN: zero load, p95 unknown
+    s = snapshot_from_results("digits", 100.0, None, {"rps": [], "p95_s": vector(float("nan")), "duty": []})
+    assert (s.ready, s.starting, s.rps, s.p95_s, s.service_s, s.duty) == (0, 0, 0.0, None, None, ())
+
+
+def deploy_function(kube: FakeKube, name: str = "digits", revision: int = 1, **scaling) -> None:
+    spec = {"name": name, "artifact": f"sha256:{'a' * 64}/{name}.onnx", "slice": "1/4",
+            "scaling": {"max_replicas": 6, "target_concurrency": 2, **scaling}}
+    kube.create_namespaced_config_map("shoal", ConfigMapFunctions.config_map(spec, revision, "shoal"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def controller(kube: FakeKube, query, clock: Clock, identity: str = "a") -> ClusterController:
+    cluster = Cluster()
+    backend = KubernetesBackend(cluster, kube, kube, kube, clock=clock, identity=identity)
+    return ClusterController(backend, ConfigMapFunctions(kube, "shoal"), query,
+                             lambda spec: artifact_for(spec, "pvc", ""), clock)
+
+
+def test_tick_scales_out_on_load_and_only_the_leader_acts():
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube)
+    load = {"rps": vector(200.0), "busy": vector(0.0), "inflight": vector(12.0), "held": vector(0.0),
+            "queued": vector(0.0), "duty": [], "p95_s": vector(0.01)}
+
+    def query(promql: str) -> list[dict]:
+        key = next(k for k, q in function_queries("digits").items() if q == promql)
+        return load[key]
+
+    a, b = controller(kube, query, clock, "a"), controller(kube, query, clock, "b")
+    first = a.tick()
+    # from zero with 12 in flight at target_concurrency 2: 12 / 2 = 6 replicas at once (max_replicas 6)
+    assert first.leader and first.decisions["digits"].reason == "COLD_START"
+    assert first.applied == ["create digits to 6"]
+    assert b.tick().leader is False and b.tick().applied == []  # the follower touches nothing
+    kube.deployments[("shoal", "fn-digits")]["status"]["readyReplicas"] = 6
+    load["inflight"] = vector(2.0)  # 2 in flight: 1 replica would do
+    applied = []
+    for _ in range(40):  # scale-down waits a whole 30 s window, then at most halves: 6 -> 3
+        clock.t += 1
+        applied += a.tick().applied
+    assert applied == ["scale digits to 3"]
+    assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] == 3
+
+
+def test_prometheus_down_keeps_the_replica_count():
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube, min_replicas=1)
+
+    def down(promql: str) -> list[dict]:
+        raise ConnectionError("connection refused")
+
+    c = controller(kube, down, clock)
+    r = c.tick()
+    assert r.unread == ["digits"] and r.decisions == {}
+    assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] == 1  # min_replicas, not zero
+
+
+def test_a_bad_config_map_does_not_stop_the_others():
+    kube = FakeKube()
+    deploy_function(kube, "good")
+    kube.create_namespaced_config_map("shoal", {"metadata": {"name": "function-bad", "labels": {
+        "shoal.dev/kind": "function"}}, "data": {"spec.json": "{not json"}})
+    assert list(ConfigMapFunctions(kube, "shoal").functions()) == ["good"]
