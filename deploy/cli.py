@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("deploy.commands:export", "write a function as a Nuclio function.yaml"),
     "replica": ("serving.replica:main", "serve one model artifact on one slice (V2, V1, /metrics)"),
     "loadtest": ("loadtests.runner:main", "run a Locust scenario against a function and write a report"),
+    "gateway": ("deploy.k8s_gateway:main", "the gateway on a Kubernetes cluster (EndpointSlices, activator)"),
     "controller": ("deploy.k8s_controller:main", "the controller on a Kubernetes cluster (Lease, PromQL, scale)"),
     "fetch": ("deploy.fetch:main", "download an artifact and check its sha256 (a replica pod's init container)"),
     "k8s": ("deploy.k8s:main", "render Shoal's Kubernetes manifests for a GPU sharing mode"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from autoscaler.metrics import MetricsSnapshot
@@ -32,6 +32,7 @@ log = logging.getLogger("shoal.k8s.controller")
 
 FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
 WINDOW = "30s"
+POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
 
 
 def function_queries(function: str, window: str = WINDOW) -> dict[str, str]:
@@ -120,6 +121,12 @@ class ClusterController:
                                                                                clock)
         self.lease, self.lease_s = lease, lease_s
         self.state: dict[str, PolicyState] = {}
+        self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held) from a gateway
+
+    def poke(self, function: str, held: int) -> None:
+        """A gateway holds `held` requests for `function`: the next tick counts them at once
+        (Prometheus would see the queue only after its next scrape)."""
+        self.pokes[function] = (self.clock(), max(0, held))
 
     def tick(self) -> TickResult:
         if not self.backend.lead(self.lease, self.lease_s):
@@ -141,6 +148,9 @@ class ClusterController:
                 desired[name] = Desired(spec, revision, keep, self.artifact(spec))
                 continue
             snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction))
+            poked_at, held = self.pokes.get(name, (0.0, 0))
+            if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
+                snapshot = replace(snapshot, activator_queue=held)
             decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
             result.decisions[name] = decision
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
@@ -234,13 +244,34 @@ def main(argv: list[str] | None = None) -> int:
             self.end_headers()
             self.wfile.write(body)
 
+        def do_POST(self):  # noqa: N802
+            from urllib.parse import parse_qs, urlparse
+
+            url = urlparse(self.path)
+            q = parse_qs(url.query)
+            if url.path == "/poke" and q.get("function"):
+                try:
+                    held = int(q.get("held", ["1"])[0])
+                except ValueError:
+                    held = 1
+                ctl.poke(q["function"][0], held)
+                wake.set()
+                code, body = 202, b"poked"
+            else:
+                code, body = 400 if url.path == "/poke" else 404, b"POST /poke?function=NAME&held=N"
+            self.send_response(code)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, *a):  # quiet
             pass
 
     server = ThreadingHTTPServer((args.host, args.port), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop, wake = threading.Event(), threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), wake.set()))
     log.info("controller %s on namespace %s, %s sharing, Prometheus %s", identity, args.namespace,
              args.gpu_sharing, args.prometheus_url)
     while not stop.is_set():
@@ -253,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - one bad tick must not end the controller
             log.exception("tick failed")
         last_tick[0] = time.monotonic()
-        stop.wait(args.tick_s)
+        wake.wait(args.tick_s)  # a poke from a gateway starts the next tick at once
+        wake.clear()
     server.shutdown()
     return 0

@@ -272,7 +272,7 @@ def services(cluster: Cluster) -> list[dict[str, Any]]:
 
 def network_policies(cluster: Cluster) -> list[dict[str, Any]]:
     """Deny by default; the gateway takes traffic from anywhere; a replica only from the gateway and
-    the controller (and Prometheus for /metrics); the controller only from Prometheus."""
+    the controller (and Prometheus for /metrics); the controller only from Prometheus and the gateways."""
     prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.monitoring_namespace}}}
 
     def policy(name: str, component: str | None, ingress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,8 +288,9 @@ def network_policies(cluster: Cluster) -> list[dict[str, Any]]:
             "from": [{"podSelector": {"matchLabels": _selector("gateway")}},
                      {"podSelector": {"matchLabels": _selector("controller")}}, prometheus],
             "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]}]),
-        policy("shoal-controller", "controller", [{"from": [prometheus],
-                                                   "ports": [{"port": CONTROLLER_PORT, "protocol": "TCP"}]}]),
+        policy("shoal-controller", "controller", [{  # Prometheus scrapes it; gateways poke it
+            "from": [prometheus, {"podSelector": {"matchLabels": _selector("gateway")}}],
+            "ports": [{"port": CONTROLLER_PORT, "protocol": "TCP"}]}]),
     ]
 
 

@@ -35,6 +35,7 @@ class FakeKube:
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.endpoint_slices: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[str] = []
         self.failures: dict[str, list[ApiException]] = {}
         self._version = 100
@@ -135,6 +136,19 @@ class FakeKube:
             raise api_error(409, f'configmaps "{name}" already exists')
         self.config_maps[(namespace, name)] = copy.deepcopy(body)
         return body
+
+    # discovery.k8s.io/v1 EndpointSlices (written by the test, as the EndpointSlice controller would)
+    def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+        self._call("list_namespaced_endpoint_slice", namespace)
+        return {"items": [copy.deepcopy(e) for (ns, _), e in sorted(self.endpoint_slices.items())
+                          if ns == namespace and _matches(e["metadata"].get("labels", {}), label_selector)]}
+
+    def delete_namespaced_config_map(self, name: str, namespace: str) -> dict[str, Any]:
+        self._call("delete_namespaced_config_map", name)
+        if (namespace, name) not in self.config_maps:
+            raise api_error(404, f'configmaps "{name}" not found')
+        del self.config_maps[(namespace, name)]
+        return {"kind": "Status", "status": "Success"}
 
     # coordination.k8s.io/v1 Leases
     def read_namespaced_lease(self, name: str, namespace: str) -> dict[str, Any]:

@@ -112,3 +112,23 @@ def test_a_bad_config_map_does_not_stop_the_others():
     kube.create_namespaced_config_map("shoal", {"metadata": {"name": "function-bad", "labels": {
         "shoal.dev/kind": "function"}}, "data": {"spec.json": "{not json"}})
     assert list(ConfigMapFunctions(kube, "shoal").functions()) == ["good"]
+
+
+def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_queue():
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube)
+    quiet = {"rps": [], "busy": [], "inflight": [], "held": [], "queued": [], "duty": [], "p95_s": []}
+
+    def query(promql: str) -> list[dict]:
+        return quiet[next(k for k, q in function_queries("digits").items() if q == promql)]
+
+    c = controller(kube, query, clock)
+    assert c.tick().applied == ["create digits to 0"]  # nothing held, nothing measured: stays at zero
+    c.poke("digits", 3)  # a gateway holds 3 requests
+    clock.t += 0.5
+    r = c.tick()
+    assert r.decisions["digits"].reason == "COLD_START" and r.applied[0].startswith("scale digits to ")
+    assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] >= 1
+    clock.t += 10  # the poke is 10 s old: only what Prometheus says counts again
+    c.pokes["digits"] = (clock.t - 10, 3)
+    assert c.tick().decisions["digits"].reason != "COLD_START"

@@ -210,24 +210,26 @@ def test_golden_inference_service():
 
 def test_container_args_are_what_the_roles_accept():
     """Each rendered container's args parse with the parser of the role they start (no drift between the
-    manifests and the commands). The gateway role on a cluster is not written yet."""
+    manifests and the commands)."""
     from deploy.cli import COMMANDS
     from deploy.fetch import build_parser as fetch_parser
     from deploy.k8s_controller import build_parser as controller_parser
+    from deploy.k8s_gateway import build_parser as gateway_parser
     from serving.replica import build_parser as replica_parser
 
-    parsers = {"controller": controller_parser, "replica": replica_parser, "fetch": fetch_parser}
+    parsers = {"controller": controller_parser, "replica": replica_parser, "fetch": fetch_parser,
+               "gateway": gateway_parser}
     checked = set()
     for mode, kind, source in all_cases():
         for pod in pod_templates(rendered(mode, kind, source)):
             for c in pod["containers"] + pod.get("initContainers", []):
                 role, *rest = c.get("command", []) + c["args"] if c.get("command") else c["args"]
-                if c.get("command") == ["cp"] or role == "gateway":
-                    continue  # the model image's own cp; the gateway role (not yet)
+                if c.get("command") == ["cp"]:
+                    continue  # the model image's own cp
                 assert role in COMMANDS, role
                 parsers[role]().parse_args(rest)  # SystemExit on an unknown or missing option
                 checked.add(role)
-    assert checked == {"controller", "replica", "fetch"}
+    assert checked == {"gateway", "controller", "replica", "fetch"}
 
 
 def test_cli_writes_a_folder_and_refuses_an_inexpressible_slice(tmp_path, capsys):

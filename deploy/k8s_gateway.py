@@ -1,0 +1,225 @@
+"""`shoal gateway`: the gateway on a cluster. It is the same `serving.gateway.Gateway` as in
+`shoal up`, fed from Kubernetes instead of a local controller.
+
+- **Where replicas are.** The EndpointSlices of each function's Service, re-read every
+  `--sync-s`:
+  - a ready endpoint is routed to;
+  - a terminating one is drained: no new requests, in-flight ones finish;
+  - one that is gone is removed.
+- **Which functions exist.** The function ConfigMaps. A request for an unknown function is a
+  404 at once, not a held request.
+- **Scale from zero.** A request for a function with no ready replica is held by the activator,
+  and the gateway pokes the controller (`POST /poke?function=NAME&held=N` on its Service). The
+  controller starts a replica at once instead of waiting for Prometheus to see the queue.
+
+Endpoint bookkeeping is pure (`endpoints_from_slices`, `sync_actions`); the loop only lists and applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from deploy.backends.kubernetes import as_dict
+from deploy.manifests.render import FUNCTION_LABEL
+
+log = logging.getLogger("shoal.k8s.gateway")
+
+SLICE_SELECTOR = "app.kubernetes.io/component=replica"
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    function: str
+    replica: str  # the pod's name
+    host: str
+    port: int
+    ready: bool
+    terminating: bool
+
+
+def endpoints_from_slices(slices: list[dict[str, Any]]) -> dict[tuple[str, str], EndpointView]:
+    """Every endpoint of the functions' EndpointSlices, by (function, replica)."""
+    out: dict[tuple[str, str], EndpointView] = {}
+    for s in slices:
+        labels = (s.get("metadata") or {}).get("labels") or {}
+        function = labels.get(FUNCTION_LABEL) or labels.get("kubernetes.io/service-name", "").removeprefix("fn-")
+        port = next((p.get("port") for p in s.get("ports") or [] if p.get("name") == "http"), None)
+        if not function or port is None:
+            continue
+        for e in s.get("endpoints") or []:
+            addresses = e.get("addresses") or []
+            if not addresses:
+                continue
+            conditions = e.get("conditions") or {}
+            replica = (e.get("targetRef") or {}).get("name") or addresses[0]
+            out[(function, replica)] = EndpointView(
+                function, replica, addresses[0], int(port), ready=conditions.get("ready") is True,
+                terminating=conditions.get("terminating") is True)
+    return out
+
+
+def sync_actions(routed: dict[tuple[str, str], EndpointView],
+                 seen: dict[tuple[str, str], EndpointView]) -> list[tuple[str, EndpointView]]:
+    """("add" | "drain" | "remove", endpoint): what the gateway must do so that it routes to
+    exactly the ready, non-terminating endpoints seen (pure)."""
+    actions = []
+    for key, e in sorted(seen.items()):
+        if e.ready and not e.terminating and key not in routed:
+            actions.append(("add", e))
+        elif key in routed and (e.terminating or not e.ready):
+            actions.append(("drain", routed[key]))
+    for key, e in sorted(routed.items()):
+        if key not in seen:
+            actions.append(("remove", e))
+    return actions
+
+
+class EndpointSync:
+    """Keeps a Gateway's endpoints equal to the cluster's ready replicas."""
+
+    def __init__(self, gateway: Any, discovery: Any, core: Any, namespace: str, drain_s: float = 30.0):
+        self.gateway, self.discovery, self.core, self.namespace, self.drain_s = (gateway, discovery, core, namespace,
+                                                                                 drain_s)
+        self.routed: dict[tuple[str, str], EndpointView] = {}
+        self.functions: set[str] = set()
+
+    def known(self, function: str) -> bool:
+        return function in self.functions
+
+    async def sync_once(self) -> list[tuple[str, EndpointView]]:
+        from deploy.k8s_controller import FUNCTION_KIND_LABEL
+
+        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
+        names = {(as_dict(c)["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in _items(listing)}
+        for gone in self.functions - names:
+            self.gateway.forget(gone)  # held requests of a removed function get their 404
+        self.functions = {n for n in names if n}
+        slices = [as_dict(s) for s in _items(self.discovery.list_namespaced_endpoint_slice(
+            self.namespace, label_selector=SLICE_SELECTOR))]
+        actions = sync_actions(self.routed, endpoints_from_slices(slices))
+        for verb, e in actions:
+            key = (e.function, e.replica)
+            if verb == "add":
+                self.gateway.add_endpoint(e.function, e.replica, e.host, e.port)
+                self.routed[key] = e
+            elif verb == "drain":
+                del self.routed[key]
+                await self.gateway.drain_endpoint(e.function, e.replica, self.drain_s)
+                self.gateway.remove_endpoint(e.function, e.replica)
+            else:
+                del self.routed[key]
+                self.gateway.remove_endpoint(e.function, e.replica)
+        return actions
+
+
+def _items(listing: Any) -> list[Any]:
+    if isinstance(listing, dict):
+        return listing.get("items") or []
+    return list(getattr(listing, "items", None) or [])
+
+
+def controller_poke(url: str, held: Callable[[str], int]) -> Callable[[str], None]:
+    """The gateway's poke: tell the controller that requests wait for `function` (fire and forget)."""
+    import httpx
+
+    client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=2.0)
+    pending: set[asyncio.Task] = set()
+
+    async def send(function: str) -> None:
+        try:
+            await client.post("/poke", params={"function": function, "held": held(function)})
+        except httpx.HTTPError as exc:  # the controller will see the queue in Prometheus anyway
+            log.info("poke %s: %s", function, exc)
+
+    def poke(function: str) -> None:
+        task = asyncio.get_running_loop().create_task(send(function))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    return poke
+
+
+def build_app(gateway: Any, registry: Any, sync: EndpointSync):
+    """The ASGI app: inference paths to the gateway; health, /v1/models and /metrics here."""
+    import json
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def send(send_, status: int, body: bytes, ctype: bytes = b"application/json") -> None:
+        await send_({"type": "http.response.start", "status": status,
+                     "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send_({"type": "http.response.body", "body": body})
+
+    async def app(scope, receive, send_):
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path.startswith(("/v2/models/", "/v1/models/")):
+            return await gateway.handle(scope, receive, send_)
+        if path == "/metrics":
+            return await send(send_, 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode())
+        if path == "/v2/health/live":
+            return await send(send_, 200, b'{"live": true}')
+        if path == "/v2/health/ready":
+            return await send(send_, 200, b'{"ready": true}')
+        if path == "/v1/models":
+            return await send(send_, 200, json.dumps({"models": sorted(sync.functions)}).encode())
+        await send(send_, 404, json.dumps({"error": f"no route for {path!r}"}).encode())
+
+    return app
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="shoal gateway", description="the gateway on a Kubernetes cluster")
+    p.add_argument("--backend", choices=("kubernetes",), default="kubernetes")
+    p.add_argument("--namespace", default="shoal")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a pod")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--controller-url", default="http://shoal-controller:8081")
+    p.add_argument("--sync-s", type=float, default=1.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+    from kubernetes import client, config
+    from prometheus_client import CollectorRegistry
+
+    from serving.gateway import Gateway
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    registry = CollectorRegistry()
+    # the callbacks name `gateway` and `sync`, bound below, before any request can call them
+    gateway = Gateway(registry, controller_poke(args.controller_url, lambda f: gateway.held(f)),
+                      lambda f: sync.known(f))
+    sync = EndpointSync(gateway, client.DiscoveryV1Api(), client.CoreV1Api(), args.namespace)
+
+    async def serve() -> None:
+        async def loop() -> None:
+            while True:
+                try:
+                    await sync.sync_once()
+                except Exception as exc:  # noqa: BLE001 - the API may be briefly away; keep routing what we have
+                    log.warning("endpoint sync failed: %s", exc)
+                await asyncio.sleep(args.sync_s)
+
+        task = asyncio.create_task(loop())
+        server = uvicorn.Server(uvicorn.Config(build_app(gateway, registry, sync), host=args.host, port=args.port,
+                                               log_level="warning", lifespan="off"))
+        try:
+            await server.serve()
+        finally:
+            task.cancel()
+
+    asyncio.run(serve())
+    return 0
