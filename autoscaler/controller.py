@@ -23,7 +23,16 @@ from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from autoscaler.metrics import MetricsSnapshot, ReplicaStat, bucket_delta, duty_cycle, merge_buckets, quantile, request_rate
+from autoscaler.metrics import (
+    MetricsSnapshot,
+    ReplicaStat,
+    advance_window,
+    bucket_delta,
+    duty_cycle,
+    merge_buckets,
+    quantile,
+    request_rate,
+)
 from autoscaler.placement import Demand, Inventory, Placement, Unplaceable, place
 from autoscaler.policy import PolicyState, ScaleDecision, decide
 from functions.spec import LIMITS, FunctionSpec
@@ -231,8 +240,9 @@ class Controller:
         for replica, stat in zip(ready, stats):
             if stat is None:
                 continue
-            prev = replica.stats[-1] if replica.stats else None
-            replica.stats = [s for s in (prev, stat) if s is not None]
+            replica.stats = advance_window(replica.stats, stat)
+            stat = replica.stats[-1]
+            prev = replica.stats[0] if len(replica.stats) == 2 else None
             queued += stat.queued
             if prev is not None:
                 duties.append(duty_cycle(prev, stat))

@@ -70,6 +70,20 @@ def request_rate(prev: ReplicaStat, cur: ReplicaStat) -> float:
     return max(0.0, cur.completed - prev.completed) / elapsed if elapsed > 0 else 0.0
 
 
+def advance_window(window: list[ReplicaStat], stat: ReplicaStat) -> list[ReplicaStat]:
+    """The last two scrapes of a replica once `stat` has come in (oldest first).
+
+    A stat no newer than the last one is a metrics store that has not scraped the
+    replica since the previous tick (Prometheus scraping every 15 s, the controller
+    ticking every second): the window stays as it was, so the rates of the last
+    window hold instead of reading zero over zero seconds. E.g. scrapes at 10 and 25,
+    ticks at 26 and 27 both see 25: both keep the window (10, 25).
+    """
+    if window and stat.at <= window[-1].at:
+        return list(window)
+    return [*window[-1:], stat]
+
+
 def bucket_delta(prev: ReplicaStat | None, cur: ReplicaStat) -> tuple[tuple[float, float], ...]:
     """The histogram of requests answered between two scrapes."""
     if prev is None or len(prev.latency_buckets) != len(cur.latency_buckets):

@@ -1,13 +1,16 @@
 """`shoal up`: the whole control plane in one process, on the embedded default.
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
-             [--auth-inference]
+             [--auth-inference] [--metrics-source direct|prometheus --prometheus-url URL]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
 control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the
 controller loop, the local backend (zygote + replica processes) and the SQLite
-registry in STATE_DIR. The token is made on first start (STATE_DIR/token, mode
-0600). After a restart every registered function is back, scaled to zero.
+registry in STATE_DIR. The controller reads replica metrics from each replica's
+/metrics (direct, the default) or, with `--metrics-source prometheus`, through the
+PromQL API of a Prometheus that scrapes the replicas. The token is made on first
+start (STATE_DIR/token, mode 0600). After a restart every registered function is
+back, scaled to zero.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from autoscaler.controller import Controller, ControllerConfig
 from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
+from autoscaler.prometheus import PrometheusSource
 from deploy.api import check_token, create_api
 from deploy.backends.local import LocalBackend
 from deploy.inventory import discover_gpus, memory_mib, usable_cpus
@@ -109,7 +113,7 @@ class HttpScraper:
 class ControlPlane:
     def __init__(self, state_dir: Path, devices: str = "auto", auth_inference: bool = False,
                  gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig(),
-                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES):
+                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES, prometheus_url: str | None = None):
         self.state_dir = Path(state_dir)
         if not self.state_dir.exists():
             self.state_dir.mkdir(parents=True)
@@ -126,7 +130,8 @@ class ControlPlane:
             config=gateway_config, authorize=self._authorize_inference if auth_inference else None,
         )
         self.backend = LocalBackend(self.state_dir, self.store.path)
-        self.scraper = HttpScraper()
+        # direct scrapes, or the same numbers through a Prometheus that scrapes the replicas
+        self.scraper = PrometheusSource(prometheus_url) if prometheus_url else HttpScraper()
         self.controller = Controller(
             self.source, self.backend, self.gateway, self.scraper, Inventory(self.devices),
             self.event, self.metrics, controller_config,
@@ -289,19 +294,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick-s", type=float, default=1.0, help="controller tick (default 1 s)")
     p.add_argument("--max-artifact-mib", type=float, default=DEFAULT_MAX_ARTIFACT_BYTES / 2**20,
                    help="largest artifact accepted (default 1024 MiB)")
+    p.add_argument("--metrics-source", choices=("direct", "prometheus"), default="direct",
+                   help="where the controller reads replica metrics: each replica's /metrics (default), "
+                        "or PromQL on --prometheus-url")
+    p.add_argument("--prometheus-url", default=None,
+                   help="Prometheus HTTP API base URL for --metrics-source prometheus, e.g. http://127.0.0.1:9090")
     p.add_argument("--log-level", default="info")
     return p
 
 
+def metrics_source_url(source: str, prometheus_url: str | None) -> str | None:
+    """The Prometheus URL the controller reads through, or None for direct scrapes."""
+    if source == "prometheus" and not prometheus_url:
+        raise ValueError("--metrics-source prometheus needs --prometheus-url (e.g. http://127.0.0.1:9090)")
+    if source == "direct" and prometheus_url:
+        raise ValueError(f"--prometheus-url ({prometheus_url}) is only read with --metrics-source prometheus")
+    if prometheus_url and not prometheus_url.startswith(("http://", "https://")):
+        raise ValueError(f"--prometheus-url ({prometheus_url}) must start with http:// or https://")
+    return prometheus_url
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        prometheus_url = metrics_source_url(args.metrics_source, args.prometheus_url)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2, as argparse does for a bad option
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls would flood the log
     try:
         plane = ControlPlane(
             Path(args.state_dir), args.devices, args.auth_inference,
             GatewayConfig(hold_timeout_s=args.hold_timeout_s), ControllerConfig(tick_s=args.tick_s),
-            int(args.max_artifact_mib * 2**20),
+            int(args.max_artifact_mib * 2**20), prometheus_url,
         )
     except ValueError as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
