@@ -105,8 +105,8 @@ def artifact_for(spec: FunctionSpec, source: str, base: str) -> Artifact:
     """Where the function's artifact is, for each source; the store's ref is `sha256:DIGEST/FILE`."""
     digest, _, filename = spec.artifact.removeprefix("sha256:").partition("/")
     filename = filename or digest
-    if source == "pvc":
-        return Artifact("pvc", f"{digest}/{filename}" if filename != digest else filename)
+    if source == "pvc":  # the artifact store's own layout (functions/artifacts.py), on the PVC
+        return Artifact("pvc", f"sha256/{digest[:2]}/{digest}/{filename}" if filename != digest else filename)
     if source == "url":
         full = digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None
         if full is None:

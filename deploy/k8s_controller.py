@@ -122,6 +122,9 @@ class ClusterController:
         self.lease, self.lease_s = lease, lease_s
         self.state: dict[str, PolicyState] = {}
         self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held) from a gateway
+        self.is_leader = False
+        self.last_observed: dict[str, Observed] = {}
+        self.last_decisions: dict[str, ScaleDecision] = {}
 
     def poke(self, function: str, held: int) -> None:
         """A gateway holds `held` requests for `function`: the next tick counts them at once
@@ -129,12 +132,13 @@ class ClusterController:
         self.pokes[function] = (self.clock(), max(0, held))
 
     def tick(self) -> TickResult:
-        if not self.backend.lead(self.lease, self.lease_s):
+        self.is_leader = self.backend.lead(self.lease, self.lease_s)
+        if not self.is_leader:
             self.state.clear()  # a new leader starts from what it measures, not from stale windows
             return TickResult(leader=False)
         now = self.clock()
         result = TickResult(leader=True)
-        observed = self.backend.observe()
+        observed = self.last_observed = self.backend.observe()
         desired: dict[str, Desired] = {}
         for name, (spec, revision) in sorted(self.functions.functions().items()):
             have = observed.get(name)
@@ -155,6 +159,7 @@ class ClusterController:
             result.decisions[name] = decision
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
         result.applied = self.backend.reconcile(desired).applied
+        self.last_decisions = dict(result.decisions)
         return result
 
 
@@ -196,95 +201,124 @@ def build_parser():
     p.add_argument("--tick-s", type=float, default=2.0)
     p.add_argument("--host", default="127.0.0.1", help="for /healthz and /metrics (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--token-file", default="/var/run/shoal/token", help="the control API's bearer token")
+    p.add_argument("--artifacts-dir", default="/artifacts", help="where the artifacts PVC is mounted")
     return p
 
 
+def status_view(ctl: ClusterController) -> dict[str, Any]:
+    """`GET /api/v1/status` on a cluster: what the last tick saw and decided, per function."""
+    out = {}
+    for name, (spec, revision) in ctl.functions.functions().items():
+        seen = ctl.last_observed.get(name)
+        decision = ctl.last_decisions.get(name)
+        out[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
+                     "ready": seen.ready if seen else 0,
+                     "starting": max(0, seen.replicas - seen.ready) if seen else 0,
+                     "desired": decision.desired if decision else None, "reason": decision.reason if decision else None,
+                     "replicas": []}
+    return {"functions": out, "devices": [], "leader": ctl.is_leader}
+
+
+def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[[], bool]):
+    """One ASGI app: the control API (/api/v1, bearer token), POST /poke from gateways, /healthz, /metrics."""
+    from urllib.parse import parse_qs
+
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    async def send(send_, status: int, body: bytes, ctype: bytes = b"text/plain") -> None:
+        await send_({"type": "http.response.start", "status": status,
+                     "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send_({"type": "http.response.body", "body": body})
+
+    async def app(scope, receive, send_):
+        if scope["type"] != "http":
+            return await api(scope, receive, send_) if scope["type"] == "lifespan" else None
+        path = scope["path"]
+        if path.startswith("/api/"):
+            return await api(scope, receive, send_)
+        if path == "/healthz":
+            ok = alive()
+            return await send(send_, 200 if ok else 503, b"ok" if ok else b"stalled")
+        if path == "/metrics":
+            return await send(send_, 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST.encode())
+        if path == "/poke" and scope["method"] == "POST":
+            q = parse_qs(scope.get("query_string", b"").decode())
+            function = (q.get("function") or [""])[0]
+            if not function:
+                return await send(send_, 400, b"POST /poke?function=NAME&held=N")
+            try:
+                held = int((q.get("held") or ["1"])[0])
+            except ValueError:
+                held = 1
+            ctl.poke(function, held)
+            wake.set()
+            return await send(send_, 202, b"poked")
+        await send(send_, 404, b"not found")
+
+    return app
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`shoal controller`: tick until SIGTERM; /healthz answers 200 while the loop runs."""
+    """`shoal controller`: the tick loop in a thread; the API, /poke, /healthz and /metrics on one port."""
     import os
-    import signal
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
 
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, generate_latest
+    import uvicorn
+    from kubernetes import client
+    from prometheus_client import Counter, Gauge
 
+    from deploy.api import create_api
     from deploy.k8s import artifact_for
+    from deploy.k8s_api import ClusterPlane, ConfigMapRegistry
     from deploy.manifests.gpus import Sharing
     from deploy.manifests.render import Cluster
+    from functions.artifacts import ArtifactStore
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cluster = Cluster(namespace=args.namespace, sharing=Sharing(mode=args.gpu_sharing, gpu=args.gpu))
     identity = os.environ.get("POD_NAME") or f"shoal-controller-{os.getpid()}"
     backend = KubernetesBackend.from_kubeconfig(cluster, identity)
-    from kubernetes import client
-
-    ctl = ClusterController(backend, ConfigMapFunctions(client.CoreV1Api(), args.namespace),
-                            prometheus_query(args.prometheus_url),
+    core = client.CoreV1Api()
+    ctl = ClusterController(backend, ConfigMapFunctions(core, args.namespace), prometheus_query(args.prometheus_url),
                             lambda spec: artifact_for(spec, args.artifact_source, args.artifact_base), time.time,
                             lease=args.lease, lease_s=args.lease_s)
+    token = Path(args.token_file).read_text().strip()
+    wake, stop = threading.Event(), threading.Event()
+    plane = ClusterPlane(ConfigMapRegistry(core, args.namespace, time.time), ArtifactStore(args.artifacts_dir), token,
+                         lambda: status_view(ctl), lambda: {"devices": [], "sharing": args.gpu_sharing,
+                                                            "gpu": args.gpu},
+                         lambda name: wake.set())
     leader = Gauge("shoal_controller_leader", "1 while this controller holds the Lease")
     decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
                         ["function", "reason"])
     last_tick = [time.monotonic()]
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            if self.path == "/metrics":
-                body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
-            elif self.path == "/healthz":
-                alive = time.monotonic() - last_tick[0] < max(30.0, 10 * args.tick_s)
-                body, ctype, code = (b"ok" if alive else b"stalled"), "text/plain", 200 if alive else 503
-            else:
-                body, ctype, code = b"not found", "text/plain", 404
-            self.send_response(code)
-            self.send_header("content-type", ctype)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                result = ctl.tick()
+                leader.set(1 if result.leader else 0)
+                for name, d in result.decisions.items():
+                    if any(a.startswith(("scale " + name, "create " + name)) for a in result.applied):
+                        decisions.labels(name, d.reason).inc()
+            except Exception:  # noqa: BLE001 - one bad tick must not end the controller
+                log.exception("tick failed")
+            last_tick[0] = time.monotonic()
+            wake.wait(args.tick_s)  # a poke from a gateway, or a deploy, starts the next tick at once
+            wake.clear()
 
-        def do_POST(self):  # noqa: N802
-            from urllib.parse import parse_qs, urlparse
-
-            url = urlparse(self.path)
-            q = parse_qs(url.query)
-            if url.path == "/poke" and q.get("function"):
-                try:
-                    held = int(q.get("held", ["1"])[0])
-                except ValueError:
-                    held = 1
-                ctl.poke(q["function"][0], held)
-                wake.set()
-                code, body = 202, b"poked"
-            else:
-                code, body = 400 if url.path == "/poke" else 404, b"POST /poke?function=NAME&held=N"
-            self.send_response(code)
-            self.send_header("content-type", "text/plain")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):  # quiet
-            pass
-
-    server = ThreadingHTTPServer((args.host, args.port), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    stop, wake = threading.Event(), threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), wake.set()))
+    worker = threading.Thread(target=loop, name="ticks", daemon=True)
+    worker.start()
     log.info("controller %s on namespace %s, %s sharing, Prometheus %s", identity, args.namespace,
              args.gpu_sharing, args.prometheus_url)
-    while not stop.is_set():
-        try:
-            result = ctl.tick()
-            leader.set(1 if result.leader else 0)
-            for name, d in result.decisions.items():
-                if any(a.startswith(("scale " + name, "create " + name)) for a in result.applied):
-                    decisions.labels(name, d.reason).inc()
-        except Exception:  # noqa: BLE001 - one bad tick must not end the controller
-            log.exception("tick failed")
-        last_tick[0] = time.monotonic()
-        wake.wait(args.tick_s)  # a poke from a gateway starts the next tick at once
-        wake.clear()
-    server.shutdown()
+    app = controller_app(ctl, create_api(plane), wake,
+                         lambda: time.monotonic() - last_tick[0] < max(30.0, 10 * args.tick_s))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")  # returns on SIGTERM
+    stop.set()
+    wake.set()
+    worker.join(30)
     return 0

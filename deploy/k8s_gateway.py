@@ -18,6 +18,7 @@ Endpoint bookkeeping is pure (`endpoints_from_slices`, `sync_actions`); the loop
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -142,10 +143,50 @@ def controller_poke(url: str, held: Callable[[str], int]) -> Callable[[str], Non
     return poke
 
 
-def build_app(gateway: Any, registry: Any, sync: EndpointSync):
-    """The ASGI app: inference paths to the gateway; health, /v1/models and /metrics here."""
-    import json
+def api_proxy(controller_url: str):
+    """Forward `/api/...` to the controller, streaming the body both ways (artifact uploads are large)."""
+    import httpx
 
+    client = httpx.AsyncClient(base_url=controller_url.rstrip("/"), timeout=httpx.Timeout(60.0, connect=5.0))
+    hop = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-authorization"}
+
+    async def proxy(scope, receive, send) -> None:
+        async def body():
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                yield message.get("body", b"")
+                if not message.get("more_body"):
+                    return
+
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k.lower() not in hop]
+        target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+        try:
+            request = client.build_request(scope["method"], target, headers=headers, content=body())
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            data = json.dumps({"error": f"the control API (controller) is unreachable: {exc}"}).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                (b"retry-after", b"5")]})
+            return await send({"type": "http.response.body", "body": data})
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()
+                                    if k.lower().encode() not in hop]})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+    return proxy
+
+
+def build_app(gateway: Any, registry: Any, sync: EndpointSync, api: Any = None):
+    """The ASGI app: inference paths to the gateway; `/api/` to the controller (`api`);
+    health, /v1/models and /metrics here."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     async def send(send_, status: int, body: bytes, ctype: bytes = b"application/json") -> None:
@@ -159,6 +200,8 @@ def build_app(gateway: Any, registry: Any, sync: EndpointSync):
         path = scope["path"]
         if path.startswith(("/v2/models/", "/v1/models/")):
             return await gateway.handle(scope, receive, send_)
+        if path.startswith("/api/") and api is not None:
+            return await api(scope, receive, send_)
         if path == "/metrics":
             return await send(send_, 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode())
         if path == "/v2/health/live":
@@ -214,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.sleep(args.sync_s)
 
         task = asyncio.create_task(loop())
-        server = uvicorn.Server(uvicorn.Config(build_app(gateway, registry, sync), host=args.host, port=args.port,
+        app = build_app(gateway, registry, sync, api_proxy(args.controller_url))
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                                log_level="warning", lifespan="off"))
         try:
             await server.serve()

@@ -245,12 +245,20 @@ def controller(cluster: Cluster) -> dict[str, Any]:
                                            "--leader-elect", "--lease", "shoal-controller",
                                            "--metrics-source", "prometheus", "--prometheus-url", cluster.prometheus_url,
                                            "--gpu-sharing", cluster.sharing.mode, "--gpu", cluster.sharing.gpu,
-                                           "--host", "0.0.0.0", "--port", str(CONTROLLER_PORT)],
+                                           "--host", "0.0.0.0", "--port", str(CONTROLLER_PORT),
+                                           "--token-file", "/var/run/shoal/token", "--artifacts-dir", "/artifacts"],
                    CONTROLLER_PORT, "http", live="/healthz", ready="/healthz",
                    resources=_resources("200m", "256Mi", "1", "512Mi"),
-                   env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
+                   env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                   mounts=[{"name": "token", "mountPath": "/var/run/shoal", "readOnly": True},
+                           {"name": "artifacts", "mountPath": "/artifacts"}])
+    # the control API's token: a Secret the admin creates (kubectl create secret generic shoal-token
+    # --from-literal=token=...), never rendered into the manifests
     spec = {"serviceAccountName": "shoal-controller", "automountServiceAccountToken": True, "containers": [c],
-            "volumes": [_tmp_volume()], "topologySpreadConstraints": [_spread("controller")]}
+            "volumes": [_tmp_volume(),
+                        {"name": "token", "secret": {"secretName": "shoal-token", "defaultMode": 0o400}},
+                        {"name": "artifacts", "persistentVolumeClaim": {"claimName": cluster.artifacts_pvc}}],
+            "topologySpreadConstraints": [_spread("controller")]}
     return _deployment("shoal-controller", cluster, "controller", cluster.controller_replicas, spec, {})
 
 

@@ -134,8 +134,23 @@ class FakeKube:
         self._call("create_namespaced_config_map", name)
         if (namespace, name) in self.config_maps:
             raise api_error(409, f'configmaps "{name}" already exists')
-        self.config_maps[(namespace, name)] = copy.deepcopy(body)
-        return body
+        cm = copy.deepcopy(body)
+        cm["metadata"]["resourceVersion"] = self._next_version()
+        self.config_maps[(namespace, name)] = cm
+        return cm
+
+    def replace_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._call("replace_namespaced_config_map", name)
+        current = self.config_maps.get((namespace, name))
+        if current is None:
+            raise api_error(404, f'configmaps "{name}" not found')
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise api_error(409, f'Operation cannot be fulfilled on configmaps "{name}": the object has been '
+                                 "modified; please apply your changes to the latest version and try again")
+        cm = copy.deepcopy(body)
+        cm["metadata"]["resourceVersion"] = self._next_version()
+        self.config_maps[(namespace, name)] = cm
+        return cm
 
     # discovery.k8s.io/v1 EndpointSlices (written by the test, as the EndpointSlice controller would)
     def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
