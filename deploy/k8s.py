@@ -2,6 +2,7 @@
 
     shoal k8s render --mode hami --gpu A100-80GB --out deploy/rendered/hami
     shoal k8s render --mode mig --function-spec digits.json --artifact-source oci --kind inferenceservice
+    shoal k8s helm --out deploy/manifests/helm/shoal
 
 Writes the namespace, RBAC, the gateway and controller Deployments and Services,
 NetworkPolicies, PodDisruptionBudgets, ServiceMonitors, the PrometheusRule, the Grafana
@@ -54,11 +55,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--artifact-base", default="",
                    help="url: the base URL of the artifacts; oci: the image repository (REPO:TAG per function)")
     r.add_argument("--out", help="a folder (default: one YAML stream on stdout)")
+    h = sub.add_parser("helm", help="write the Helm chart of the control plane (the same objects, as templates)")
+    h.add_argument("--out", default="deploy/manifests/helm/shoal")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "helm":
+        from deploy.manifests.helm import chart
+
+        out = Path(args.out)
+        for old in out.glob("templates/*.yaml"):
+            old.unlink()
+        for rel, text in chart().items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text(text)
+        print(f"Helm chart -> {out}/ (helm install shoal {out} --set gpuSharing.mode=mig ...)")
+        return 0
     try:
         sharing = Sharing(mode=args.mode, gpu=args.gpu, ways=args.ways, hami_policy=args.hami_policy,
                           vgpu_label=args.vgpu_label)
