@@ -15,6 +15,7 @@ Errors are `{"error": "..."}` like the inference protocol's.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any, Callable
 
@@ -46,6 +47,19 @@ def check_token(header: str | None, token: str) -> ApiError | None:
     if scheme.lower() != "bearer" or not token or not value or not hmac.compare_digest(value.encode(), token.encode()):
         return ApiError(403, "invalid bearer token")
     return None
+
+
+async def write_artifact(store, stream, filename: str):
+    """Stream an upload into the artifact store; the disk writes run off the event loop.
+    Nothing of a refused or broken upload is kept."""
+    loop = asyncio.get_running_loop()
+    writer = store.writer(filename)
+    try:
+        async for chunk in stream:
+            await loop.run_in_executor(None, writer.write, chunk)
+        return await loop.run_in_executor(None, writer.commit)
+    finally:
+        writer.abort()
 
 
 def create_api(plane) -> FastAPI:

@@ -14,12 +14,12 @@ gateway's URL. On the cluster:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import json
 from typing import Any, Callable
 
+from deploy.api import write_artifact
 from deploy.backends.kubernetes import as_dict
 from deploy.k8s_controller import FUNCTION_KIND_LABEL, ConfigMapFunctions
 from functions.artifacts import ArtifactStore
@@ -107,15 +107,7 @@ class ClusterPlane:
         self._status, self._inventory, self._changed = status, inventory, changed
 
     async def store_artifact(self, stream, filename: str):
-        loop = asyncio.get_running_loop()
-        writer = self.store.writer(filename)
-        try:
-            async for chunk in stream:
-                await loop.run_in_executor(None, writer.write, chunk)
-            artifact = await loop.run_in_executor(None, writer.commit)
-        finally:
-            writer.abort()
-        return artifact
+        return await write_artifact(self.store, stream, filename)  # the file on the PVC is the record
 
     def put_function(self, spec: FunctionSpec) -> FunctionRecord:
         record, changed = self.registry.put_function(spec, self.registry.clock())

@@ -34,7 +34,7 @@ from autoscaler.controller import Controller, ControllerConfig
 from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
 from autoscaler.prometheus import PrometheusSource
-from deploy.api import check_token, create_api
+from deploy.api import check_token, create_api, write_artifact
 from deploy.backends.local import LocalBackend
 from deploy.inventory import discover_gpus, memory_mib, usable_cpus
 from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
@@ -175,15 +175,7 @@ class ControlPlane:
         log.info("%s %s: %s", kind, function or "-", message)
 
     async def store_artifact(self, stream, filename: str):
-        """Stream an upload into the store; disk writes happen off the event loop."""
-        loop = asyncio.get_running_loop()
-        writer = self.store.writer(filename)
-        try:
-            async for chunk in stream:
-                await loop.run_in_executor(None, writer.write, chunk)
-            artifact = await loop.run_in_executor(None, writer.commit)
-        finally:
-            writer.abort()
+        artifact = await write_artifact(self.store, stream, filename)
         self.registry.add_artifact(artifact, time.time())
         return artifact
 
