@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a function as a Deployment + Service, or as a KServe InferenceService")
     r.add_argument("--artifact-source", choices=ARTIFACT_SOURCES, default="pvc")
     r.add_argument("--artifact-base", default="",
-                   help="url: the base URL of the artifacts; oci: the image repository (REPO:TAG per function)")
+                   help="url: the base URL of the artifacts; oci: the image repository (tag: sha256-DIGEST[:32])")
     r.add_argument("--out", help="a folder (default: one YAML stream on stdout)")
     h = sub.add_parser("helm", help="write the Helm chart of the control plane (the same objects, as templates)")
     h.add_argument("--out", default="deploy/manifests/helm/shoal")
@@ -129,7 +129,9 @@ def artifact_for(spec: FunctionSpec, source: str, base: str) -> Artifact:
         return Artifact("url", filename, url=f"{base.rstrip('/')}/{full}/{filename}", sha256=full)
     if not base:
         raise ManifestError("--artifact-source oci needs --artifact-base REPO (the model images' repository)")
-    return Artifact("oci", f"models/{filename}", ref=f"{base}:{spec.name}-{spec.version}")
+    # tagged by the artifact's digest: a new artifact is a new tag, so a node's cached image (IfNotPresent)
+    # is never a stale model
+    return Artifact("oci", f"models/{filename}", ref=f"{base}:sha256-{digest[:32]}")
 
 
 def _read_spec(path: Path) -> FunctionSpec:

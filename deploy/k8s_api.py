@@ -20,11 +20,12 @@ import json
 from typing import Any, Callable
 
 from deploy.api import write_artifact
-from deploy.backends.kubernetes import as_dict
+from deploy.backends.kubernetes import as_dict, check_names
 from deploy.k8s_controller import FUNCTION_KIND_LABEL, ConfigMapFunctions
+from deploy.manifests.render import Artifact, Cluster, render_function
 from functions.artifacts import ArtifactStore
 from functions.registry import Event, FunctionRecord, NotFound
-from functions.spec import FunctionSpec, spec_from_dict, spec_to_dict
+from functions.spec import FunctionSpec, SpecError, spec_from_dict, spec_to_dict
 
 
 class ConfigMapRegistry:
@@ -102,14 +103,25 @@ class ClusterPlane:
 
     def __init__(self, registry: ConfigMapRegistry, store: ArtifactStore, token: str,
                  status: Callable[[], dict[str, Any]], inventory: Callable[[], dict[str, Any]],
-                 changed: Callable[[str], None]):
+                 changed: Callable[[str], None], cluster: Cluster | None = None):
         self.registry, self.store, self.token = registry, store, token
         self._status, self._inventory, self._changed = status, inventory, changed
+        self.cluster = cluster or Cluster()
+
+    def check(self, spec: FunctionSpec) -> None:
+        """Refuse at deploy (400) what the cluster could not run: a slice its GPU sharing mode cannot
+        express, a name too long for the function's objects."""
+        try:
+            deployment, service = render_function(self.cluster, spec, Artifact("pvc", "check/model"))
+            check_names(deployment, service)
+        except ValueError as exc:
+            raise SpecError(f"{spec.name}: {exc}") from None
 
     async def store_artifact(self, stream, filename: str):
         return await write_artifact(self.store, stream, filename)  # the file on the PVC is the record
 
     def put_function(self, spec: FunctionSpec) -> FunctionRecord:
+        self.check(spec)
         record, changed = self.registry.put_function(spec, self.registry.clock())
         if changed:
             self.registry.add_event(self.registry.clock(), "deploy", f"{spec.name} revision {record.revision}",

@@ -35,19 +35,31 @@ WINDOW = "30s"
 POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
 
 
-def function_queries(function: str, window: str = WINDOW) -> dict[str, str]:
-    """PromQL for one function's snapshot; every query is one instant vector."""
-    f = json.dumps(function)  # a quoted PromQL string literal
+def cluster_queries(window: str = WINDOW) -> dict[str, str]:
+    """PromQL for every function's snapshot at once: seven queries a tick, whatever the number of
+    functions (one per function would make a tick outlast the Lease on a large cluster)."""
+    by = "by (function)"
     return {
-        "rps": f"sum(rate(shoal_replica_requests_total{{function={f}}}[{window}]))",
-        "duty": f"sum by (pod) (rate(shoal_replica_busy_seconds_total{{function={f}}}[{window}]))",
-        "p95_s": f"histogram_quantile(0.95, sum by (le) "
-                 f"(rate(shoal_replica_request_duration_seconds_bucket{{function={f}}}[{window}])))",
-        "inflight": f"sum(shoal_replica_inflight{{function={f}}})",
-        "queued": f"sum(shoal_replica_queued{{function={f}}})",
-        "held": f"sum(shoal_activator_queue_depth{{function={f}}})",
-        "busy": f"sum(rate(shoal_replica_busy_seconds_total{{function={f}}}[{window}]))",
+        "rps": f"sum {by} (rate(shoal_replica_requests_total[{window}]))",
+        "duty": f"sum by (function, pod) (rate(shoal_replica_busy_seconds_total[{window}]))",
+        "p95_s": f"histogram_quantile(0.95, sum by (function, le) "
+                 f"(rate(shoal_replica_request_duration_seconds_bucket[{window}])))",
+        "inflight": f"sum {by} (shoal_replica_inflight)",
+        "queued": f"sum {by} (shoal_replica_queued)",
+        "held": f"sum {by} (shoal_activator_queue_depth)",
+        "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
     }
+
+
+def by_function(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The vectors of `cluster_queries`, split by their `function` label (pure)."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for key, vector in results.items():
+        for sample in vector:
+            function = (sample.get("metric") or {}).get("function")
+            if function:
+                out.setdefault(function, {}).setdefault(key, []).append(sample)
+    return out
 
 
 def _scalar(result: list[dict[str, Any]]) -> float | None:
@@ -63,14 +75,16 @@ def snapshot_from_results(function: str, now: float, observed: Observed | None, 
     """A MetricsSnapshot from the `data.result` vectors of `function_queries` (pure)."""
     rps = _scalar(results.get("rps", [])) or 0.0
     busy = _scalar(results.get("busy", [])) or 0.0
-    duties = tuple(sorted(min(1.0, max(0.0, float(s["value"][1]))) for s in results.get("duty", [])
-                          if math.isfinite(float(s["value"][1]))))
+    # the busiest `ready` pods: a pod still starting, or gone within the window, shows little work and
+    # must not stand in for a ready one
+    duties = tuple(sorted((min(1.0, max(0.0, float(s["value"][1]))) for s in results.get("duty", [])
+                           if math.isfinite(float(s["value"][1]))), reverse=True))
     ready = observed.ready if observed else 0
     current = observed.replicas if observed else 0
     return MetricsSnapshot(
         function=function, at=now, ready=ready, starting=max(0, current - ready),
         inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
-        activator_queue=int(_scalar(results.get("held", [])) or 0), duty=duties[:ready] if ready else (),
+        activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
         rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
         service_s=busy / rps if rps > 0 else None,
     )
@@ -83,9 +97,11 @@ class ConfigMapFunctions:
         self.core, self.namespace = core, namespace
 
     def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
+        """The functions whose spec reads; the names of those that do not are in `self.broken`."""
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
         items = listing.get("items", []) if isinstance(listing, dict) else (listing.items or [])
         out: dict[str, tuple[FunctionSpec, int]] = {}
+        self.broken: set[str] = set()
         for cm in map(as_dict, items):
             data = cm.get("data") or {}
             try:
@@ -93,6 +109,9 @@ class ConfigMapFunctions:
                 out[spec.name] = (spec, int(data.get("revision", "1")))
             except (KeyError, ValueError) as exc:  # one bad ConfigMap must not stop the others
                 log.warning("ConfigMap %s: not a function spec (%s)", cm["metadata"]["name"], exc)
+                name = (cm["metadata"].get("labels") or {}).get("shoal.dev/function")
+                if name:
+                    self.broken.add(name)  # what runs for it is kept, not deleted
         return out
 
     @staticmethod
@@ -140,17 +159,20 @@ class ClusterController:
         result = TickResult(leader=True)
         observed = self.last_observed = self.backend.observe()
         desired: dict[str, Desired] = {}
-        for name, (spec, revision) in sorted(self.functions.functions().items()):
+        try:
+            per_function = by_function({key: self.query(q) for key, q in cluster_queries().items()})
+        except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load
+            log.warning("metrics unavailable (%s); every function keeps its replica count", exc)
+            per_function = None
+        functions = self.functions.functions()
+        for name, (spec, revision) in sorted(functions.items()):
             have = observed.get(name)
-            try:
-                results = {key: self.query(q) for key, q in function_queries(name).items()}
-            except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load
-                log.warning("%s: metrics unavailable (%s); keeping %s replicas", name, exc,
-                            have.replicas if have else spec.scaling.min_replicas)
+            if per_function is None:
                 result.unread.append(name)
                 keep = have.replicas if have else spec.scaling.min_replicas
                 desired[name] = Desired(spec, revision, keep, self.artifact(spec))
                 continue
+            results = per_function.get(name, {})
             snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction))
             poked_at, held = self.pokes.get(name, (0.0, 0))
             if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
@@ -158,7 +180,11 @@ class ClusterController:
             decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
             result.decisions[name] = decision
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
-        result.applied = self.backend.reconcile(desired).applied
+        if not self.backend.lead(self.lease, self.lease_s):  # a slow tick may have lost the Lease meanwhile
+            self.is_leader = False
+            return result
+        keep = frozenset(getattr(self.functions, "broken", set()))
+        result.applied = self.backend.reconcile(desired, keep).applied
         self.last_decisions = dict(result.decisions)
         return result
 
@@ -183,8 +209,8 @@ def prometheus_query(url: str, timeout_s: float = 5.0) -> Callable[[str], list[d
 def build_parser():
     import argparse
 
-    from deploy.manifests.gpus import GPUS, MODES
-    from deploy.manifests.render import ARTIFACT_SOURCES
+    from deploy.manifests.gpus import GPUS, HAMI_POLICIES, MODES
+    from deploy.manifests.render import ARTIFACT_SOURCES, Cluster
 
     p = argparse.ArgumentParser(prog="shoal controller", description="the controller on a Kubernetes cluster")
     p.add_argument("--backend", choices=("kubernetes",), default="kubernetes")
@@ -196,6 +222,11 @@ def build_parser():
     p.add_argument("--prometheus-url", default="http://prometheus-operated.monitoring.svc:9090")
     p.add_argument("--gpu-sharing", choices=MODES, default="hami")
     p.add_argument("--gpu", choices=sorted(GPUS), default="A100-80GB")
+    p.add_argument("--ways", type=int, default=4, help="timeslice/mps: replicas per GPU")
+    p.add_argument("--hami-policy", choices=HAMI_POLICIES, default="binpack")
+    p.add_argument("--vgpu-label", default="nvidia.com/gpu.product")
+    p.add_argument("--image", default=Cluster().image, help="the image of the replicas")
+    p.add_argument("--artifacts-pvc", default=Cluster().artifacts_pvc)
     p.add_argument("--artifact-source", choices=ARTIFACT_SOURCES, default="pvc")
     p.add_argument("--artifact-base", default="")
     p.add_argument("--tick-s", type=float, default=2.0)
@@ -240,6 +271,8 @@ def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[
         if path == "/healthz":
             ok = alive()
             return await send(send_, 200 if ok else 503, b"ok" if ok else b"stalled")
+        if path == "/readyz":  # only the Lease holder is ready, so the Service sends API calls and pokes to it
+            return await send(send_, 200 if ctl.is_leader else 503, b"leader" if ctl.is_leader else b"follower")
         if path == "/metrics":
             return await send(send_, 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST.encode())
         if path == "/poke" and scope["method"] == "POST":
@@ -279,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cluster = Cluster(namespace=args.namespace, sharing=Sharing(mode=args.gpu_sharing, gpu=args.gpu))
+    cluster = Cluster(namespace=args.namespace, image=args.image, artifacts_pvc=args.artifacts_pvc,
+                      sharing=Sharing(mode=args.gpu_sharing, gpu=args.gpu, ways=args.ways,
+                                      hami_policy=args.hami_policy, vgpu_label=args.vgpu_label))
     identity = os.environ.get("POD_NAME") or f"shoal-controller-{os.getpid()}"
     backend = KubernetesBackend.from_kubeconfig(cluster, identity)
     core = client.CoreV1Api()
@@ -291,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     plane = ClusterPlane(ConfigMapRegistry(core, args.namespace, time.time), ArtifactStore(args.artifacts_dir), token,
                          lambda: status_view(ctl), lambda: {"devices": [], "sharing": args.gpu_sharing,
                                                             "gpu": args.gpu},
-                         lambda name: wake.set())
+                         lambda name: wake.set(), cluster)
     leader = Gauge("shoal_controller_leader", "1 while this controller holds the Lease")
     decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
                         ["function", "reason"])
+    replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"])
     last_tick = [time.monotonic()]
 
     def loop() -> None:
@@ -302,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = ctl.tick()
                 leader.set(1 if result.leader else 0)
+                for name, seen in ctl.last_observed.items():
+                    replicas.labels(name, "ready").set(seen.ready)
+                    replicas.labels(name, "starting").set(max(0, seen.replicas - seen.ready))
                 for name, d in result.decisions.items():
                     if any(a.startswith(("scale " + name, "create " + name)) for a in result.applied):
                         decisions.labels(name, d.reason).inc()

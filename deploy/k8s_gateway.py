@@ -86,6 +86,16 @@ class EndpointSync:
                                                                                  drain_s)
         self.routed: dict[tuple[str, str], EndpointView] = {}
         self.functions: set[str] = set()
+        self._draining: set[asyncio.Task] = set()
+
+    async def _drain(self, e: EndpointView) -> None:
+        await self.gateway.drain_endpoint(e.function, e.replica, self.drain_s)
+        self.gateway.remove_endpoint(e.function, e.replica)
+
+    async def drained(self) -> None:
+        """Wait for the drains under way (tests, shutdown)."""
+        if self._draining:
+            await asyncio.gather(*list(self._draining))
 
     def known(self, function: str) -> bool:
         return function in self.functions
@@ -106,10 +116,11 @@ class EndpointSync:
             if verb == "add":
                 self.gateway.add_endpoint(e.function, e.replica, e.host, e.port)
                 self.routed[key] = e
-            elif verb == "drain":
+            elif verb == "drain":  # in the background: a busy replica's drain must not delay the next sync
                 del self.routed[key]
-                await self.gateway.drain_endpoint(e.function, e.replica, self.drain_s)
-                self.gateway.remove_endpoint(e.function, e.replica)
+                task = asyncio.get_running_loop().create_task(self._drain(e))
+                self._draining.add(task)
+                task.add_done_callback(self._draining.discard)
             else:
                 del self.routed[key]
                 self.gateway.remove_endpoint(e.function, e.replica)

@@ -54,30 +54,44 @@ class Observed:
     ready: int
     has_service: bool = True
     has_deployment: bool = True
+    resource_version: str | None = None  # the Deployment's, for a replace that cannot overwrite a newer one
 
 
 @dataclass(frozen=True)
 class Action:
-    verb: str  # create | replace | scale | create_service | delete
+    verb: str  # create | replace | scale | create_service | delete | invalid
     function: str
     replicas: int | None = None
     objects: tuple[dict[str, Any], ...] = ()
+    error: str | None = None  # invalid: why the function cannot be rendered (nothing is sent)
 
     def describe(self) -> str:
         extra = f" to {self.replicas}" if self.replicas is not None else ""
         return f"{self.verb} {self.function}{extra}"
 
 
-def plan(cluster: Cluster, desired: dict[str, Desired], observed: dict[str, Observed]) -> list[Action]:
-    """What to do, function by function, in name order (deterministic)."""
+def plan(cluster: Cluster, desired: dict[str, Desired], observed: dict[str, Observed],
+         keep: frozenset[str] = frozenset()) -> list[Action]:
+    """What to do, function by function, in name order (deterministic). `keep`: functions whose spec
+    could not be read this time; what runs for them is left as it is, never deleted. A function that
+    cannot be rendered (a slice its mode cannot express, a name too long for its objects) is an
+    `invalid` action for itself alone: the others are still planned."""
     actions: list[Action] = []
     for name in sorted(set(desired) | set(observed)):
         want, have = desired.get(name), observed.get(name)
         if want is None:
-            actions.append(Action("delete", name))
+            if name not in keep:
+                actions.append(Action("delete", name))
             continue
-        deployment, service = render_function(cluster, want.spec, want.artifact, want.revision)
+        try:
+            deployment, service = render_function(cluster, want.spec, want.artifact, want.revision)
+            check_names(deployment, service)
+        except ValueError as exc:  # ManifestError is a ValueError
+            actions.append(Action("invalid", name, error=str(exc)))
+            continue
         deployment["spec"]["replicas"] = want.replicas
+        if have is not None:
+            deployment["metadata"]["resourceVersion"] = have.resource_version
         if have is None or not have.has_deployment:
             actions.append(Action("create", name, want.replicas, (deployment, service)))
             continue
@@ -88,6 +102,15 @@ def plan(cluster: Cluster, desired: dict[str, Desired], observed: dict[str, Obse
         if not have.has_service:
             actions.append(Action("create_service", name, None, (service,)))
     return actions
+
+
+def check_names(*objects: dict[str, Any]) -> None:
+    """Object names are DNS labels (Services: at most 63 characters); say so before the API does."""
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if len(name) > 63:
+            raise ValueError(f"{obj['kind']} name {name!r} is {len(name)} characters; Kubernetes allows 63 "
+                             f"(function names up to {63 - len('fn-')} characters on a cluster)")
 
 
 # ---------------------------------------------------------------------- pure: leader election
@@ -164,6 +187,8 @@ def classify(exc: Exception, attempt: int = 0) -> Temporary | Permanent:
     attempt), or Permanent."""
     status = int(getattr(exc, "status", 0) or 0)
     message = _message(exc)
+    if status == 403:  # RBAC being applied or propagating: try again, slowly
+        return Temporary(status, message, DEFAULT_BACKOFF_S[-1])
     if status in (0, 409, 429) or status >= 500:
         headers = getattr(exc, "headers", None) or {}
         retry = headers.get("Retry-After") or headers.get("retry-after")
@@ -226,6 +251,7 @@ class KubernetesBackend:
         self.identity = identity
         self.status: dict[str, FunctionStatus] = {}
         self.acquired_at: float | None = None
+        self._lease_seen: tuple[tuple, float] | None = None  # (the other holder's lease as read, when we saw it)
 
     @classmethod
     def from_kubeconfig(cls, cluster: Cluster, identity: str) -> "KubernetesBackend":
@@ -255,18 +281,23 @@ class KubernetesBackend:
             status = d.get("status") or {}
             out[function] = Observed(function, int(revision) if revision and revision.isdigit() else None,
                                      int(d["spec"].get("replicas") or 0), int(status.get("readyReplicas") or 0),
-                                     has_service=function in services)
+                                     has_service=function in services,
+                                     resource_version=d["metadata"].get("resourceVersion"))
         return out
 
     # apply
 
-    def reconcile(self, desired: dict[str, Desired]) -> ReconcileResult:
+    def reconcile(self, desired: dict[str, Desired], keep: frozenset[str] = frozenset()) -> ReconcileResult:
         now = self.clock()
         result = ReconcileResult()
         observed = self.observe()
-        for action in plan(self.cluster, desired, observed):
+        for action in plan(self.cluster, desired, observed, keep):
             st = self.status.setdefault(action.function, FunctionStatus())
             want = desired.get(action.function)
+            if action.verb == "invalid":
+                result.permanent[action.function] = Permanent(422, action.error or "")
+                log.warning("%s: %s", action.function, action.error)
+                continue
             if st.blocked and want is not None and want.revision == st.blocked_revision:
                 result.skipped.append(action.describe())
                 continue
@@ -277,6 +308,9 @@ class KubernetesBackend:
                 self._apply(action)
             except Exception as exc:  # noqa: BLE001 - sorted below; anything unknown is permanent
                 verdict = classify(exc, st.attempts)
+                if getattr(exc, "status", None) == 404 and action.verb in ("scale", "replace", "create_service"):
+                    # it went away between our look and our write: look again next tick
+                    verdict = Temporary(404, verdict.message, 0.0)
                 if isinstance(verdict, Temporary):
                     st.attempts += 1
                     st.retry_at = now + verdict.retry_after_s
@@ -302,7 +336,10 @@ class KubernetesBackend:
             self._create_service(ns, service)
         elif action.verb == "replace":
             (deployment,) = action.objects
-            self.apps.patch_namespaced_deployment(name, ns, deployment)  # strategic merge: a new template
+            # a replace, not a patch: a strategic merge would keep the old revision's map keys (a MIG
+            # resource, a node selector) beside the new ones. It carries the resourceVersion we saw,
+            # so a newer object is never overwritten (409).
+            self.apps.replace_namespaced_deployment(name, ns, deployment)
         elif action.verb == "scale":
             self.apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": action.replicas}})
         elif action.verb == "create_service":
@@ -331,13 +368,22 @@ class KubernetesBackend:
     # leader election
 
     def lead(self, lease_name: str = "shoal-controller", duration_s: float = 15.0) -> bool:
-        """One round of leader election; True while this controller holds the Lease."""
+        """One round of leader election; True while this controller holds the Lease.
+
+        Another holder's lease expires `duration` after *we* saw its renewTime change, by our own
+        clock, as client-go does: clocks of different nodes are never compared."""
         ns, now = self.cluster.namespace, self.clock()
         try:
             current = self._read_lease(lease_name)
         except Exception as exc:  # noqa: BLE001
             log.info("lease %s: cannot read (%s); following", lease_name, _message(exc))
             return False
+        if current is not None and current.holder != self.identity:
+            seen = (current.holder, current.renewed_at, current.resource_version)
+            if self._lease_seen is None or self._lease_seen[0] != seen:
+                self._lease_seen = (seen, now)
+            current = LeaseView(current.holder, self._lease_seen[1] if current.holder else None,
+                                current.duration_s, current.transitions, current.resource_version)
         step, view = lease_step(current, self.identity, now, duration_s)
         if view is None:
             self.acquired_at = None

@@ -53,8 +53,12 @@ def _template(doc: dict) -> str:
         action, sentinel = REPLICAS[name]
         text = text.replace(f"  replicas: {sentinel}\n", f"  replicas: {action}\n", 1)
     if doc["kind"] == "Deployment" and name == "shoal-controller":
-        text = re.sub(r"(- --gpu-sharing\n(\s*)- )\S+", r"\1{{ .Values.gpuSharing.mode }}", text)
-        text = re.sub(r"(- --gpu\n(\s*)- )\S+", r"\1{{ .Values.gpuSharing.gpu }}", text)
+        for flag, action in (("--gpu-sharing", "{{ .Values.gpuSharing.mode }}"),
+                             ("--gpu", "{{ .Values.gpuSharing.gpu }}"),
+                             ("--ways", '"{{ .Values.gpuSharing.ways }}"'),
+                             ("--hami-policy", "{{ .Values.gpuSharing.hamiPolicy }}"),
+                             ("--vgpu-label", "{{ .Values.gpuSharing.vgpuLabel }}")):
+            text = re.sub(rf"(- {flag}\n(\s*)- )\S+", lambda m, a=action: m.group(1) + a, text)
     return text
 
 
@@ -103,6 +107,7 @@ def values_for(cluster: Cluster) -> dict:
         "artifactsPvc": cluster.artifacts_pvc, "monitoringNamespace": cluster.monitoring_namespace,
         "gateway": {"replicas": cluster.gateway_replicas}, "controller": {"replicas": cluster.controller_replicas},
         "gpuSharing": {"mode": cluster.sharing.mode, "gpu": cluster.sharing.gpu, "ways": cluster.sharing.ways,
+                       "hamiPolicy": cluster.sharing.hami_policy, "vgpuLabel": cluster.sharing.vgpu_label,
                        "devicePluginNamespace": cluster.device_plugin_namespace},
     }
 

@@ -129,7 +129,8 @@ def _container(name: str, cluster: Cluster, args: list[str], port: int, port_nam
         "ports": [{"name": port_name, "containerPort": port, "protocol": "TCP"}],
         "env": env or [], "resources": resources, "securityContext": container_security(),
         "livenessProbe": _probe(live, port_name, 10, 3), "readinessProbe": _probe(ready, port_name, 2, 2),
-        "startupProbe": _probe(ready, port_name, 1, 120),
+        # startup on the liveness path: a controller that follows is never ready, and must still start
+        "startupProbe": _probe(live, port_name, 1, 120),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *(mounts or [])],
     }
 
@@ -245,9 +246,14 @@ def controller(cluster: Cluster) -> dict[str, Any]:
                                            "--leader-elect", "--lease", "shoal-controller",
                                            "--metrics-source", "prometheus", "--prometheus-url", cluster.prometheus_url,
                                            "--gpu-sharing", cluster.sharing.mode, "--gpu", cluster.sharing.gpu,
+                                           "--ways", str(cluster.sharing.ways),
+                                           "--hami-policy", cluster.sharing.hami_policy,
+                                           "--vgpu-label", cluster.sharing.vgpu_label,
+                                           "--image", cluster.image, "--artifacts-pvc", cluster.artifacts_pvc,
                                            "--host", "0.0.0.0", "--port", str(CONTROLLER_PORT),
                                            "--token-file", "/var/run/shoal/token", "--artifacts-dir", "/artifacts"],
-                   CONTROLLER_PORT, "http", live="/healthz", ready="/healthz",
+                   # ready only while it holds the Lease: the Service (API, pokes) reaches the leader alone
+                   CONTROLLER_PORT, "http", live="/healthz", ready="/readyz",
                    resources=_resources("200m", "256Mi", "1", "512Mi"),
                    env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                    mounts=[{"name": "token", "mountPath": "/var/run/shoal", "readOnly": True},
@@ -303,9 +309,11 @@ def network_policies(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def disruption_budgets(cluster: Cluster) -> list[dict[str, Any]]:
-    return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(f"shoal-{c}", cluster, c),
-             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector(c)}}}
-            for c in ("gateway", "controller")]
+    """For the gateways. Not for the controllers: a follower is never ready (readiness follows the
+    Lease), so any budget would count it unavailable and block draining the leader's node."""
+    return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+             "metadata": _meta("shoal-gateway", cluster, "gateway"),
+             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector("gateway")}}}]
 
 
 def device_plugin_config(cluster: Cluster) -> dict[str, Any] | None:

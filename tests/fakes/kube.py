@@ -70,18 +70,24 @@ class FakeKube:
         self.deployments[(namespace, name)] = d
         return d
 
-    def patch_namespaced_deployment(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._call("patch_namespaced_deployment", name)
-        d = self._deployment(name, namespace)
-        d["metadata"]["labels"] = body["metadata"]["labels"]
-        d["spec"]["template"] = copy.deepcopy(body["spec"]["template"])
-        d["spec"]["replicas"] = body["spec"].get("replicas", d["spec"]["replicas"])
+    def replace_namespaced_deployment(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT: the whole object, only over the resourceVersion it was read at (else 409)."""
+        self._call("replace_namespaced_deployment", name)
+        current = self._deployment(name, namespace)
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise api_error(409, f'Operation cannot be fulfilled on deployments.apps "{name}": the object has '
+                                 "been modified; please apply your changes to the latest version and try again")
+        d = copy.deepcopy(body)
+        d["metadata"]["resourceVersion"] = self._next_version()
+        d["status"] = current["status"]
+        self.deployments[(namespace, name)] = d
         return d
 
     def patch_namespaced_deployment_scale(self, name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self._call("patch_namespaced_deployment_scale", f"{name} {body['spec']['replicas']}")
         d = self._deployment(name, namespace)
         d["spec"]["replicas"] = body["spec"]["replicas"]
+        d["metadata"]["resourceVersion"] = self._next_version()
         return self.read_namespaced_deployment_scale(name, namespace, log=False)
 
     def read_namespaced_deployment_scale(self, name: str, namespace: str, log: bool = True) -> dict[str, Any]:

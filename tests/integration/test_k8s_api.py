@@ -89,6 +89,16 @@ def test_deploy_ls_rm_through_the_gateway(cluster_roles, digits_onnx):
         assert ctl.tick().applied == ["delete digits"]
 
 
+def test_what_the_cluster_cannot_run_is_refused_at_deploy(cluster_roles, digits_onnx):
+    kube, *_ , url, _ = cluster_roles
+    with Shoal(url, token=TOKEN) as shoal:
+        with pytest.raises(ShoalError, match=r"400.*whole percents"):  # HAMi (the default mode): 1/3 = 33.3 %
+            shoal.deploy(digits_onnx, "thirds", slice="1/3")
+        with pytest.raises(ShoalError, match=r"400.*allows 63"):
+            shoal.deploy(digits_onnx, "f" * 61)
+    assert kube.config_maps == {}  # nothing stored
+
+
 def test_the_api_through_the_gateway_needs_the_token(cluster_roles):
     *_, url, _ = cluster_roles
     assert httpx.get(f"{url}/api/v1/functions").status_code == 401

@@ -51,6 +51,7 @@ def test_hold_poke_route_drain_and_forget(replica_factory, digits_onnx):
             kube.endpoint_slices[("shoal", "fn-digits-1")] = endpoint_slice("digits", ("pod-1", host, False, True),
                                                                             port=int(port))
             assert [v for v, _ in await sync.sync_once()] == ["drain"]
+            await sync.drained()
             assert gateway.route("digits").endpoints == []
             again = asyncio.create_task(client.post("/v2/models/digits/infer", json=BODY))
             await asyncio.sleep(0.3)

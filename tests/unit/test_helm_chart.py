@@ -66,6 +66,8 @@ CLUSTERS = [Cluster(sharing=Sharing(mode=mode)) for mode in MODES] + [
     Cluster(namespace="prod-ml", image="registry.example.com/shoal:9", gateway_replicas=3, controller_replicas=1,
             prometheus_url="http://prom.example:9090", sharing=Sharing(mode="timeslice", ways=8)),
     Cluster(sharing=Sharing(mode="mig", gpu="H100-80GB"), artifacts_pvc="models", monitoring_namespace="obs"),
+    Cluster(sharing=Sharing(mode="hami", hami_policy="spread", gpu="A100-40GB")),
+    Cluster(sharing=Sharing(mode="vgpu", gpu="V100-16GB", vgpu_label="vgpu.type", vgpu_series="C")),
 ]
 
 

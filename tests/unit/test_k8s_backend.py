@@ -68,11 +68,26 @@ def test_a_created_deployment_carries_the_desired_count_and_the_revision():
     assert deployment["metadata"]["name"] == service["metadata"]["name"] == "fn-digits"
 
 
-def test_plan_refuses_a_slice_the_mode_cannot_express():
-    from deploy.manifests.gpus import ManifestError
+def test_a_function_that_cannot_be_rendered_is_invalid_alone():
+    # 1/3 is 33.3 % of the SMs: HAMi cannot express it. The other function is still planned.
+    actions = plan(CLUSTER, {"bad": desired("bad", slice_="1/3"), "good": desired("good")}, {})
+    assert [(a.verb, a.function) for a in actions] == [("invalid", "bad"), ("create", "good")]
+    assert "whole percents" in actions[0].error
+    long = "f" * 61  # fn- + 61 = 64 characters: over the 63 of a DNS label
+    (action,) = plan(CLUSTER, {long: desired(long)}, {})
+    assert action.verb == "invalid" and "allows 63" in action.error
 
-    with pytest.raises(ManifestError, match="whole percents"):
-        plan(CLUSTER, {"digits": desired(slice_="1/3")}, {})
+
+def test_an_unreadable_spec_keeps_what_runs():
+    # the function's ConfigMap could not be parsed this tick: not desired, but not deleted either
+    assert plan(CLUSTER, {}, {"digits": Observed("digits", 1, 2, 2)}, keep=frozenset({"digits"})) == []
+
+
+def test_reconcile_goes_on_past_an_invalid_function():
+    kube = FakeKube()
+    r = backend(kube).reconcile({"bad": desired("bad", slice_="1/3"), "good": desired("good")})
+    assert r.applied == ["create good to 1"] and r.permanent["bad"].status == 422
+    assert ("shoal", "fn-bad") not in kube.deployments
 
 
 # ---------------------------------------------------------------------- reconcile against the fake
@@ -142,9 +157,55 @@ def test_a_conflict_on_create_is_resolved_by_the_next_observation():
     assert b.reconcile({"digits": desired(replicas=2)}).applied == ["scale digits to 2"]
 
 
+def test_forbidden_is_retried_slowly_while_rbac_propagates():
+    kube, clock = FakeKube(), Clock()
+    b = backend(kube, clock)
+    kube.fail("create_namespaced_deployment", api_error(403, 'deployments.apps is forbidden: User '
+              '"system:serviceaccount:shoal:shoal-controller" cannot create resource "deployments"'))
+    assert b.reconcile({"digits": desired()}).temporary["digits"].retry_after_s == 30.0
+    clock.t += 30
+    assert b.reconcile({"digits": desired()}).applied == ["create digits to 1"]
+
+
+def test_a_deployment_deleted_behind_our_back_is_recreated():
+    kube, clock = FakeKube(), Clock()
+    b = backend(kube, clock)
+    b.reconcile({"digits": desired(replicas=1)})
+    kube.fail("patch_namespaced_deployment_scale", api_error(404, 'deployments.apps "fn-digits" not found'))
+    r = b.reconcile({"digits": desired(replicas=2)})  # someone deleted it between observe and scale
+    assert r.temporary["digits"] == Temporary(404, 'deployments.apps "fn-digits" not found', 0.0)
+    del kube.deployments[("shoal", "fn-digits")]
+    assert b.reconcile({"digits": desired(replicas=2)}).applied == ["create digits to 2"]
+
+
+def test_a_new_revision_replaces_the_whole_template():
+    # MIG 1/7 -> 2/7: the new pods ask for mig-2g.20gb only (a merge patch would keep mig-1g.10gb beside it)
+    from deploy.manifests.gpus import Sharing
+
+    mig = Cluster(sharing=Sharing(mode="mig"))
+    kube, clock = FakeKube(), Clock()
+    b = KubernetesBackend(mig, kube, kube, kube, clock=clock)
+    b.reconcile({"digits": desired(slice_="1/7")})
+    assert b.reconcile({"digits": desired(slice_="2/7", revision=2)}).applied == ["replace digits to 1"]
+    limits = kube.deployments[("shoal", "fn-digits")]["spec"]["template"]["spec"]["containers"][0]["resources"][
+        "limits"]
+    assert "nvidia.com/mig-2g.20gb" in limits and "nvidia.com/mig-1g.10gb" not in limits
+
+
+def test_a_replace_never_overwrites_a_newer_object():
+    kube, clock = FakeKube(), Clock()
+    b = backend(kube, clock)
+    b.reconcile({"digits": desired()})
+    kube.fail("replace_namespaced_deployment", api_error(409, 'Operation cannot be fulfilled on deployments.apps '
+                                                              '"fn-digits": the object has been modified'))
+    r = b.reconcile({"digits": desired(revision=2)})
+    assert r.temporary["digits"].status == 409  # read again, then replace over what is there now
+    clock.t += 1
+    assert b.reconcile({"digits": desired(revision=2)}).applied == ["replace digits to 1"]
+
+
 @pytest.mark.parametrize("status, message", [
-    (403, 'deployments.apps is forbidden: User "system:serviceaccount:shoal:shoal-controller" cannot create '
-          'resource "deployments" in API group "apps" in the namespace "shoal"'),
+    (400, 'Deployment in version "v1" cannot be handled as a Deployment: json: cannot unmarshal string'),
     (422, 'Deployment.apps "fn-digits" is invalid: spec.template.spec.containers[0].image: Required value'),
 ])
 def test_permanent_errors_wait_for_a_new_revision(status, message):
@@ -174,6 +235,7 @@ def test_delete_of_what_is_gone_is_success():
     (503, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, Temporary(503, "unavailable", 1.0)),  # a date: back-off
     (400, {}, Permanent(400, "bad")),
     (401, {}, Permanent(401, "who")),
+    (403, {}, Temporary(403, "forbidden", 30.0)),
     (404, {}, Permanent(404, "gone")),
 ])
 def test_classify(status, headers, verdict):
@@ -202,6 +264,20 @@ def test_lease_step(lease, now, step, holder, transitions):
     got, view = lease_step(lease, "me", now, 15)
     assert got == step
     assert (view.holder if view else None) == holder and (view.transitions if view else None) == transitions
+
+
+def test_another_nodes_clock_is_never_compared_with_ours():
+    # the holder's clock is an hour ahead: its renewTime is "in the future" for us. Expiry counts from when
+    # we saw the renewTime change, by our clock: still 15 s, not 15 s + 1 h (nor at once if it were behind).
+    kube = FakeKube()
+    ahead, ours = Clock(1000.0 + 3600), Clock(1000.0)
+    holder, other = backend(kube, ahead, "holder"), backend(kube, ours, "other")
+    assert holder.lead(duration_s=15) is True
+    assert other.lead(duration_s=15) is False  # first seen at our 1000
+    ours.t += 14.9
+    assert other.lead(duration_s=15) is False
+    ours.t += 0.1  # 15 s after we saw it, whatever its renewTime says
+    assert other.lead(duration_s=15) is True
 
 
 def test_one_leader_at_a_time_and_takeover_after_expiry():

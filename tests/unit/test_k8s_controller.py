@@ -10,23 +10,39 @@ from deploy.k8s import artifact_for
 from deploy.k8s_controller import (
     ClusterController,
     ConfigMapFunctions,
-    function_queries,
+    by_function,
+    cluster_queries,
     snapshot_from_results,
 )
 from deploy.manifests.render import Cluster
 from tests.fakes.kube import FakeKube
 
 
-def vector(*values: float, label: str | None = None) -> list[dict]:
+def vector(*values: float, label: str | None = None, function: str = "digits") -> list[dict]:
     """An instant vector as Prometheus answers it: values are strings, with the evaluation time."""
-    return [{"metric": {"pod": f"{label}-{i}"} if label else {}, "value": [1795320000.0, repr(v)]}
-            for i, v in enumerate(values)]
+    return [{"metric": {"function": function, **({"pod": f"{label}-{i}"} if label else {})},
+             "value": [1795320000.0, repr(v)]} for i, v in enumerate(values)]
 
 
-def test_queries_select_the_function_and_quote_it():
-    q = function_queries('we"ird')
-    assert q["rps"] == 'sum(rate(shoal_replica_requests_total{function="we\\"ird"}[30s]))'
+def test_seven_queries_for_every_function_at_once():
+    q = cluster_queries()
     assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy"}
+    assert q["rps"] == "sum by (function) (rate(shoal_replica_requests_total[30s]))"
+    assert q["duty"] == "sum by (function, pod) (rate(shoal_replica_busy_seconds_total[30s]))"
+
+
+def test_by_function_splits_the_vectors():
+    split = by_function({"rps": vector(5.0, function="a") + vector(7.0, function="b"), "held": vector(2.0,
+                                                                                                       function="b")})
+    assert split == {"a": {"rps": vector(5.0, function="a")},
+                     "b": {"rps": vector(7.0, function="b"), "held": vector(2.0, function="b")}}
+
+
+def test_duty_takes_the_busiest_ready_pods():
+    # 2 ready; three pods in the window: a starting (or gone) one idle at 0 must not replace a hot one
+    s = snapshot_from_results("digits", 0.0, Observed("digits", 1, 3, 2), {"duty": vector(0.0, 0.9, 0.8,
+                                                                                         label="p")})
+    assert s.duty == (0.8, 0.9)
 
 
 def test_snapshot_arithmetic():
@@ -74,7 +90,7 @@ def test_tick_scales_out_on_load_and_only_the_leader_acts():
             "queued": vector(0.0), "duty": [], "p95_s": vector(0.01)}
 
     def query(promql: str) -> list[dict]:
-        key = next(k for k, q in function_queries("digits").items() if q == promql)
+        key = next(k for k, q in cluster_queries().items() if q == promql)
         return load[key]
 
     a, b = controller(kube, query, clock, "a"), controller(kube, query, clock, "b")
@@ -106,12 +122,19 @@ def test_prometheus_down_keeps_the_replica_count():
     assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] == 1  # min_replicas, not zero
 
 
-def test_a_bad_config_map_does_not_stop_the_others():
-    kube = FakeKube()
+def test_a_bad_config_map_does_not_stop_the_others_nor_delete_what_runs():
+    kube, clock = FakeKube(), Clock()
     deploy_function(kube, "good")
-    kube.create_namespaced_config_map("shoal", {"metadata": {"name": "function-bad", "labels": {
-        "shoal.dev/kind": "function"}}, "data": {"spec.json": "{not json"}})
-    assert list(ConfigMapFunctions(kube, "shoal").functions()) == ["good"]
+    deploy_function(kube, "bad")
+    c = controller(kube, lambda q: [], clock)
+    c.tick()
+    assert ("shoal", "fn-bad") in kube.deployments
+    kube.config_maps[("shoal", "function-bad")]["data"]["spec.json"] = "{not json"  # edited by hand, badly
+    functions = ConfigMapFunctions(kube, "shoal")
+    assert list(functions.functions()) == ["good"] and functions.broken == {"bad"}
+    clock.t += 1
+    c.tick()
+    assert ("shoal", "fn-bad") in kube.deployments  # kept as it was, not deleted
 
 
 def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_queue():
@@ -120,7 +143,7 @@ def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_que
     quiet = {"rps": [], "busy": [], "inflight": [], "held": [], "queued": [], "duty": [], "p95_s": []}
 
     def query(promql: str) -> list[dict]:
-        return quiet[next(k for k, q in function_queries("digits").items() if q == promql)]
+        return quiet[next(k for k, q in cluster_queries().items() if q == promql)]
 
     c = controller(kube, query, clock)
     assert c.tick().applied == ["create digits to 0"]  # nothing held, nothing measured: stays at zero

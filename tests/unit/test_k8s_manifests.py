@@ -90,7 +90,7 @@ def test_alert_rules_pass_promtool(tmp_path):
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
     names = [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
     assert {"ShoalSLOLatencyBurnFast", "ShoalSLOAvailabilityBurnSlow", "ShoalColdStartStorm"} <= set(names)
 
@@ -235,7 +235,7 @@ def test_container_args_are_what_the_roles_accept():
 def test_cli_writes_a_folder_and_refuses_an_inexpressible_slice(tmp_path, capsys):
     assert main(["render", "--mode", "mps", "--example", "--out", str(tmp_path / "out")]) == 0
     files = sorted(p.name for p in (tmp_path / "out").glob("*.yaml"))
-    assert "all.yaml" in files and len(files) == 28  # 27 objects + all.yaml
+    assert "all.yaml" in files and len(files) == 27  # 26 objects + all.yaml
     assert (tmp_path / "out" / "grafana" / "shoal.json").read_text().startswith("{")
     spec = tmp_path / "f.yaml"
     spec.write_text("name: f\nartifact: sha256:ab/f.onnx\nslice: 1/3\n")
