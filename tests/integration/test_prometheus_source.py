@@ -208,11 +208,27 @@ def test_controller_decides_the_same_from_promql_as_from_direct_scrapes(tmp_path
             replicas = {r["id"]: r["port"] for r in status["replicas"]}
             prometheus.scrape([f"127.0.0.1:{port}" for port in replicas.values()])
             asyncio.run(_compare(plane.url, prometheus.url, replicas))
+            _cluster_queries_select_the_function(prometheus.url)
             # and its own view of each replica is a rate over two Prometheus scrapes
             live = client.status()["functions"]["digits"]["replicas"]
             assert all(r["duty"] is not None for r in live), live
     finally:
         assert plane.stop() == 0
+
+
+def _cluster_queries_select_the_function(prometheus_url: str) -> None:
+    """The cluster controller's seven queries (deploy/k8s_controller.py) against this real Prometheus:
+    they parse, and select the function's series by its label. (Here the targets have no `pod` label,
+    so duty is one series; on a cluster the ServiceMonitor adds one per pod.)"""
+    from deploy.k8s_controller import by_function, cluster_queries, prometheus_query, snapshot_from_results
+
+    query = prometheus_query(prometheus_url)
+    split = by_function({key: query(q) for key, q in cluster_queries().items()})
+    digits = split["digits"]
+    assert {"rps", "busy", "duty", "p95_s", "inflight", "queued"} <= set(digits), digits.keys()
+    snapshot = snapshot_from_results("digits", time.time(), None, digits)
+    assert snapshot.rps > 0 and snapshot.service_s is not None and snapshot.service_s > 0
+    assert snapshot.p95_s is not None and 0 < snapshot.p95_s < 5
 
 
 def _ready(client) -> dict | None:
