@@ -154,6 +154,8 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
 
 MAX_DIM = 2**31 - 1
 MAX_RANK = 32
+# numpy cannot even describe an array whose non-zero dimensions multiply past its index range, empty or not
+MAX_EXTENT = 2**62
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
@@ -165,6 +167,8 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
         raise InvalidInput(
             f"input {name!r}: shape {value!r} is out of range (at most {MAX_RANK} dimensions of at most {MAX_DIM})"
         )
+    if math.prod(max(d, 1) for d in value) > MAX_EXTENT:  # e.g. [0, 794, 226105, 226477, 226848]
+        raise InvalidInput(f"input {name!r}: shape {value!r} spans more than 2**62 elements, even with a 0 in it")
     return tuple(value)
 
 

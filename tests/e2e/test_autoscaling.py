@@ -41,11 +41,13 @@ def test_step_scales_out_then_idle_scales_to_zero_on_emulated_devices(tmp_path):
             low = asyncio.run(_closed_loop(plane.url, users=1, seconds=2.0))
             assert set(low) == {200}, low
             before = len(_replicas(client, "resnet"))
-            assert before == 1, client.events("resnet")
+            # one user needs one replica; a loaded machine once saw a forecast add a second during
+            # the cold start. The step below must still add more.
+            assert 1 <= before <= 2, [e["message"] for e in client.events("resnet")]
             # the step: 24 users at once need ceil(24 / 2) = 12 replicas, capped at max_replicas = 6
             high = asyncio.run(_closed_loop(plane.url, users=24, seconds=4.0))
             assert set(high) == {200}, high  # nothing failed while it scaled
-            wait_for(lambda: len(_replicas(client, "resnet")) >= 3, 10, "scale-out",
+            wait_for(lambda: len(_replicas(client, "resnet")) >= max(3, before + 1), 10, "scale-out",
                      detail=lambda: client.events("resnet"))
             ups = [e for e in client.events("resnet") if e["kind"] == "scale" and e["data"]["to"] > e["data"]["from"] >= 1]
             assert ups and all(e["data"]["reason"] in ("BURST", "SLO", "FORECAST") for e in ups), ups

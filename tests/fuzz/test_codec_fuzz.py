@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from serving.protocol.codec import decode_infer_request, parse_header_length
@@ -20,7 +21,11 @@ from serving.protocol.errors import InferenceError
 
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
              "FP64", "BYTES"]
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples on every run, so CI is not red by chance; run with
+# SHOAL_FUZZ_RANDOM=1 (see below) to explore new ones, and pin what they find with @example
+SETTINGS = settings(max_examples=int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "400")), deadline=None,
+                    derandomize=not os.environ.get("SHOAL_FUZZ_RANDOM"), database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 def decodes_or_refuses(body: bytes, header_length: int | None) -> None:
@@ -61,6 +66,8 @@ data = st.lists(scalars | st.lists(scalars, max_size=3), max_size=12) | scalars
 
 
 @SETTINGS
+# found by this test in CI: an empty tensor whose other dimensions multiply past numpy's index range
+@example([{"name": "0", "datatype": "BOOL", "shape": [0, 794, 226105, 226477, 226848], "data": []}])
 @given(st.lists(st.fixed_dictionaries({"name": st.text(max_size=4) | st.none(),
                                         "datatype": st.sampled_from(DATATYPES) | st.text(max_size=5),
                                         "shape": shapes, "data": data}), min_size=1, max_size=3))

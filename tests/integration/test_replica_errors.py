@@ -155,9 +155,10 @@ def test_full_queue_answers_503_with_retry_after(tmp_path, replica_factory):
 
     responses = asyncio.run(burst())
     codes = sorted(r.status_code for r in responses)
-    # 1 runs and 1 waits in the queue of 1; the rest are refused at once (how many
-    # arrive while the first still runs depends on timing, so only bounds are checked)
-    assert codes.count(200) >= 2 and codes.count(503) >= 1, codes
+    # 1 runs and up to 1 waits in the queue of 1; the rest are refused at once. How many arrive while
+    # the first still runs depends on timing (in CI all six once came before the first left the queue,
+    # so the second was refused too): at least one served, at least one refused, nothing else.
+    assert codes.count(200) >= 1 and codes.count(503) >= 1 and set(codes) <= {200, 503}, codes
     refused = [r for r in responses if r.status_code == 503]
     assert all(r.headers["retry-after"] == "1" and "queue is full" in r.json()["error"] for r in refused)
 
