@@ -20,7 +20,7 @@ import json
 from typing import Any, Callable
 
 from deploy.api import write_artifact
-from deploy.backends.kubernetes import as_dict, check_names
+from deploy.backends.kubernetes import as_dict, check_names, items_of
 from deploy.k8s_controller import FUNCTION_KIND_LABEL, ConfigMapFunctions
 from deploy.manifests.render import Artifact, Cluster, render_function
 from functions.artifacts import ArtifactStore
@@ -39,7 +39,7 @@ class ConfigMapRegistry:
     def _read(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
         out = {}
-        for cm in map(as_dict, listing.get("items", []) if isinstance(listing, dict) else listing.items or []):
+        for cm in map(as_dict, items_of(listing)):
             data = cm.get("data") or {}
             try:
                 doc = json.loads(data["spec.json"])

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from autoscaler.metrics import MetricsSnapshot
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict
+from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict, items_of
 from functions.spec import FunctionSpec, spec_from_dict
 
 log = logging.getLogger("shoal.k8s.controller")
@@ -99,10 +99,9 @@ class ConfigMapFunctions:
     def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
         """The functions whose spec reads; the names of those that do not are in `self.broken`."""
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
-        items = listing.get("items", []) if isinstance(listing, dict) else (listing.items or [])
         out: dict[str, tuple[FunctionSpec, int]] = {}
         self.broken: set[str] = set()
-        for cm in map(as_dict, items):
+        for cm in map(as_dict, items_of(listing)):
             data = cm.get("data") or {}
             try:
                 spec = spec_from_dict(json.loads(data["spec.json"]))

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from deploy.backends.kubernetes import as_dict
+from deploy.backends.kubernetes import as_dict, items_of
 from deploy.manifests.render import FUNCTION_LABEL
 
 log = logging.getLogger("shoal.k8s.gateway")
@@ -104,11 +104,11 @@ class EndpointSync:
         from deploy.k8s_controller import FUNCTION_KIND_LABEL
 
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
-        names = {(as_dict(c)["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in _items(listing)}
+        names = {(as_dict(c)["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in items_of(listing)}
         for gone in self.functions - names:
             self.gateway.forget(gone)  # held requests of a removed function get their 404
         self.functions = {n for n in names if n}
-        slices = [as_dict(s) for s in _items(self.discovery.list_namespaced_endpoint_slice(
+        slices = [as_dict(s) for s in items_of(self.discovery.list_namespaced_endpoint_slice(
             self.namespace, label_selector=SLICE_SELECTOR))]
         actions = sync_actions(self.routed, endpoints_from_slices(slices))
         for verb, e in actions:
@@ -125,12 +125,6 @@ class EndpointSync:
                 del self.routed[key]
                 self.gateway.remove_endpoint(e.function, e.replica)
         return actions
-
-
-def _items(listing: Any) -> list[Any]:
-    if isinstance(listing, dict):
-        return listing.get("items") or []
-    return list(getattr(listing, "items", None) or [])
 
 
 def controller_poke(url: str, held: Callable[[str], int]) -> Callable[[str], None]:

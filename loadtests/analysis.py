@@ -169,7 +169,8 @@ def timeseries(req: Requests, offered_per_s: np.ndarray | None, samples: list[di
                 row["t"].append(s["t"])
                 row["duty"].append(r.get("duty"))
     line = min(slo_ms.values(), default=math.inf)
-    return {"seconds": n, "slo_ms": line if math.isfinite(line) else None, "offered": offered.tolist() if offered is not None else None,
+    return {"seconds": n, "slo_ms": line if math.isfinite(line) else None,
+            "offered": offered.tolist() if offered is not None else None,
             "sent": sent.tolist(), "ok": ok.tolist(), "failed": failed.tolist(), "latency_ms": lat, "over_slo": over,
             "replicas": replicas, "duty": duty}
 
@@ -269,6 +270,7 @@ def summarize(*, meta: dict[str, Any], req: Requests, offered: int, samples: lis
     lag = lag[np.isfinite(lag)]
     t_end = max(duration, float(req.end.max()) if n else 0.0)
     cost = costs(samples, t_end, devices)
+    live = [r + s for r, s in zip(*_counts(samples))]  # ready + starting, per sample
     gateway = counters.get("gateway", {})
     sent_to_gateway = n - sum(v for k, v in statuses.items() if k.startswith(NOT_SENT))
     http_errors = int(np.count_nonzero((req.status != 200) & (req.status != 0)))
@@ -287,8 +289,7 @@ def summarize(*, meta: dict[str, Any], req: Requests, offered: int, samples: lis
         "latency_ms": quantiles(lat_ok),
         "errors_by_status": dict(sorted(statuses.items())),
         "client_send_lag_ms": quantiles(lag * 1000.0) if lag.size else None,
-        "replicas": {"peak": max((r + s for r, s in zip(*_counts(samples))), default=0),
-                     "mean": float(np.mean([r + s for r, s in zip(*_counts(samples))])) if samples else 0.0},
+        "replicas": {"peak": max(live, default=0), "mean": float(np.mean(live)) if live else 0.0},
         "cost": cost,
         "replica_slice_seconds": cost["replica_slice_seconds"],
         "static_peak_replica_slice_seconds": cost["static_peak"]["replica_slice_seconds"],

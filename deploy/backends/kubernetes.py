@@ -267,10 +267,10 @@ class KubernetesBackend:
 
     def observe(self) -> dict[str, Observed]:
         ns = self.cluster.namespace
-        deployments = [as_dict(d) for d in _items(self.apps.list_namespaced_deployment(ns,
+        deployments = [as_dict(d) for d in items_of(self.apps.list_namespaced_deployment(ns,
                                                                                     label_selector=REPLICA_SELECTOR))]
         services = {as_dict(s)["metadata"]["labels"].get(FUNCTION_LABEL)
-                    for s in _items(self.core.list_namespaced_service(ns, label_selector=REPLICA_SELECTOR))}
+                    for s in items_of(self.core.list_namespaced_service(ns, label_selector=REPLICA_SELECTOR))}
         out: dict[str, Observed] = {}
         for d in deployments:
             labels = d["metadata"].get("labels") or {}
@@ -416,7 +416,8 @@ class KubernetesBackend:
                          (lease.get("metadata") or {}).get("resourceVersion"))
 
 
-def _items(listing: Any) -> list[Any]:
+def items_of(listing: Any) -> list[Any]:
+    """The items of a list answer: a dict (a test's fake) or the client's model."""
     if isinstance(listing, dict):
         return listing.get("items") or []
     return list(getattr(listing, "items", None) or [])
