@@ -35,7 +35,7 @@ from autoscaler.metrics import (
 )
 from autoscaler.placement import Demand, Inventory, Placement, Unplaceable, place
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from functions.spec import LIMITS, FunctionSpec
+from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
 
@@ -68,6 +68,10 @@ class Router(Protocol):
 
 
 class MetricsSource(Protocol):
+    # True when a failed scrape means the replica did not answer (a direct scrape), not
+    # that a metrics store has no sample yet: the controller then judges liveness by it
+    probes: bool
+
     async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None: ...
 
 
@@ -92,6 +96,8 @@ class Replica:
     handle: Any = None
     created_at: float = 0.0
     ready_at: float | None = None
+    spec: FunctionSpec | None = None  # what it was started with
+    seen_at: float = 0.0  # when it last answered a scrape
     stats: list[ReplicaStat] = field(default_factory=list)  # the last two scrapes
 
 
@@ -102,6 +108,8 @@ class ControllerConfig:
     # a drain must outlast the longest request, or scale-down would cut requests off
     drain_timeout_s: float = LIMITS.request_timeout_s + 5.0
     stop_grace_s: float = LIMITS.graceful_shutdown_s
+    # a ready replica that answers no scrape for this long is replaced (a liveness probe)
+    unresponsive_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < LIMITS.request_timeout_s:
@@ -238,6 +246,8 @@ class Controller:
         duties, rps, deltas, queued = [], 0.0, [], 0.0
         busy = answered = 0.0
         for replica, stat in zip(ready, stats):
+            if self._dead(replica, stat, now):
+                continue
             if stat is None:
                 continue
             replica.stats = advance_window(replica.stats, stat)
@@ -259,6 +269,23 @@ class Controller:
             slice_fraction=float(self.slice_for(spec)) if spec is not None else None,
             service_s=busy / answered if answered else None,
         )
+
+    def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
+        """Liveness: a replica whose model has been inside one call past its function's
+        timeout, or that has answered no scrape for `unresponsive_s`, is failed; the policy
+        then starts another. Its requests were answered 504 by its own timer."""
+        why = None
+        timeout_s = replica.spec.timeout_s if replica.spec is not None else LIMITS.request_timeout_s
+        if stat is not None:
+            replica.seen_at = now
+            if stat.stalled_s > timeout_s:
+                why = f"its model has been inside one call for {stat.stalled_s:.1f} s (timeout {timeout_s:g} s)"
+        elif getattr(self.metrics_source, "probes", False) and now - replica.seen_at > self.config.unresponsive_s:
+            why = f"it answered no scrape for {now - replica.seen_at:.1f} s"
+        if why is None:
+            return False
+        self._spawn_task(self._fail(replica, f"{replica.id} is not live: {why}; replacing it"))
+        return True
 
     async def _scrape(self, replica: Replica, now: float) -> ReplicaStat | None:
         try:
@@ -292,7 +319,7 @@ class Controller:
                 self.router.fail_waiters(name, message)
             return None
         self.inventory = self.inventory.allocate(placed)
-        replica = Replica(replica_id, name, revision, placed, created_at=self.clock())
+        replica = Replica(replica_id, name, revision, placed, created_at=self.clock(), spec=spec)
         self.replicas[replica_id] = replica
         try:
             replica.handle = await self.backend.create(replica_id, spec, placed)
@@ -313,6 +340,7 @@ class Controller:
             return None
         self.failures.pop(name, None)
         replica.state, replica.ready_at = "ready", self.clock()
+        replica.seen_at = replica.ready_at
         self.cold_starts[name] = ready_s
         self.router.add_endpoint(name, replica_id, replica.handle.host, replica.handle.port,
                                  spawn_s=live_s, load_s=max(0.0, ready_s - live_s),
@@ -335,9 +363,11 @@ class Controller:
         replica.state = "draining"
         if not was_ready:
             return  # still starting: start_replica sees the state and finishes the stop
-        drained = await self.router.drain_endpoint(replica.function, replica.id, self.config.drain_timeout_s)
+        # a drain outlasts the longest request the function allows
+        drain_s = max(self.config.drain_timeout_s, (replica.spec.timeout_s + 5.0) if replica.spec else 0.0)
+        drained = await self.router.drain_endpoint(replica.function, replica.id, drain_s)
         if not drained:
-            log.warning("%s did not drain in %.0f s", replica.id, self.config.drain_timeout_s)
+            log.warning("%s did not drain in %.0f s", replica.id, drain_s)
         self.router.remove_endpoint(replica.function, replica.id)
         await self._finish_stop(replica, reason)
 
@@ -364,8 +394,10 @@ class Controller:
         for replica in list(self.replicas.values()):
             if replica.state not in ("starting", "ready"):
                 continue
-            if replica.function not in functions or functions[replica.function][1] != replica.revision:
-                self._spawn_task(self.stop_replica(replica, "function removed or updated"))
+            if replica.function not in functions:
+                self._spawn_task(self.stop_replica(replica, "function removed"))
+            elif functions[replica.function][1] != replica.revision and not self._keeps(replica, functions):
+                self._spawn_task(self.stop_replica(replica, "function updated"))
             elif replica.handle is not None and (code := self.backend.exited(replica.handle)) is not None:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
         for name in list(self.policy_state):
@@ -373,6 +405,15 @@ class Controller:
                 self.policy_state.pop(name, None)
                 self.slices.pop(name, None)
                 self.router.forget(name)
+
+    @staticmethod
+    def _keeps(replica: Replica, functions: dict[str, tuple[FunctionSpec, int]]) -> bool:
+        """A new revision that only changes scaling keeps the running replicas."""
+        spec, revision = functions[replica.function]
+        if replica.spec is None or not same_runtime(replica.spec, spec):
+            return False
+        replica.revision, replica.spec = revision, spec
+        return True
 
     def _export_counts(self, functions) -> None:
         for name in functions:

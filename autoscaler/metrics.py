@@ -26,6 +26,7 @@ class ReplicaStat:
     # cumulative request-duration histogram: ((upper bound s, count), ...), +Inf last
     latency_buckets: tuple[tuple[float, float], ...] = ()
     model_load_s: float | None = None
+    stalled_s: float = 0.0  # how long the model call running now has run
 
 
 def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
@@ -54,6 +55,7 @@ def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
         busy_s=values.get("shoal_replica_busy_seconds_total", 0.0),
         latency_buckets=tuple(buckets),
         model_load_s=values.get("shoal_replica_model_load_seconds"),
+        stalled_s=values.get("shoal_replica_stalled_seconds", 0.0),
     )
 
 

@@ -100,6 +100,8 @@ class PrometheusSource:
     success, reads as "not scraped" (None), logged at debug like a failed direct scrape.
     """
 
+    probes = False  # no sample yet says nothing about the replica: liveness is not judged by it
+
     def __init__(self, url: str, lookback_s: float = 60.0, timeout_s: float = 1.0,
                  transport: httpx.AsyncBaseTransport | None = None):
         if lookback_s <= 0:

@@ -98,7 +98,7 @@ class Shoal:
                min_replicas: int | None = None, max_replicas: int | None = None, slo_ms: float = 100.0,
                batch: int = 1, batch_delay_ms: float = 0.0, trust: bool = False, loader: str | None = None,
                idle_to_zero_s: float = 60.0, target_concurrency: float = 4.0, wait: bool = False,
-               progress: Progress | None = None) -> dict[str, Any]:
+               progress: Progress | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         """Upload and register a function; with wait=True, also start its first replica."""
         from functions.nuclio import prepare
 
@@ -113,6 +113,8 @@ class Shoal:
         }
         spec = {"artifact": ref, "slice": slice, "trust": trust, "loader": loader, "scaling": scaling,
                 "batching": {"max_batch_size": batch, "max_queue_delay_ms": batch_delay_ms}}
+        if timeout_s is not None:
+            spec["timeout_s"] = timeout_s
         function = self._call("PUT", f"/api/v1/functions/{name}", json=spec)
         if wait:
             if progress:

@@ -51,6 +51,8 @@ def deploy(argv: list[str]) -> int:
     p.add_argument("--batch-delay-ms", type=float, default=0.0)
     p.add_argument("--idle-to-zero-s", type=float, default=60.0)
     p.add_argument("--target-concurrency", type=float, default=4.0)
+    p.add_argument("--timeout-s", type=float, help="how long one request may take in the model before a 504 "
+                   "(default 60); a replica stuck in the model past it is replaced")
     p.add_argument("--loader")
     p.add_argument("--trust", action="store_true", help="allow pickles, which run code when loaded")
     p.add_argument("--wait", action="store_true", help="start the first replica and wait until it serves")
@@ -64,7 +66,7 @@ def deploy(argv: list[str]) -> int:
             args.artifact, args.name, slice=args.slice, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
             slo_ms=args.slo_ms, batch=args.batch, batch_delay_ms=args.batch_delay_ms, trust=args.trust,
             loader=args.loader, idle_to_zero_s=args.idle_to_zero_s, target_concurrency=args.target_concurrency,
-            wait=args.wait, progress=_progress,
+            wait=args.wait, progress=_progress, timeout_s=args.timeout_s,
         )
         name = function["name"]
         print(f"deployed {name} revision {function['revision']}  {client.url}{function['endpoints']['v2']}")

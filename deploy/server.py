@@ -96,6 +96,8 @@ class RegistrySource:
 class HttpScraper:
     """Reads a replica's /metrics over HTTP, parsed with prometheus_client's parser."""
 
+    probes = True  # a failed scrape: the replica did not answer
+
     def __init__(self):
         import httpx
 
@@ -128,6 +130,7 @@ class ControlPlane:
         self.gateway = Gateway(
             self.metrics, poke=self._poke, known=lambda n: n in self.source.functions(),
             config=gateway_config, authorize=self._authorize_inference if auth_inference else None,
+            timeout_of=self._timeout_of,
         )
         self.backend = LocalBackend(self.state_dir, self.store.path)
         # direct scrapes, or the same numbers through a Prometheus that scrapes the replicas
@@ -138,6 +141,10 @@ class ControlPlane:
         )
         self.api = create_api(self)
         self._loop_task: asyncio.Task | None = None
+
+    def _timeout_of(self, function: str) -> float:
+        found = self.source.functions().get(function)
+        return found[0].timeout_s if found else LIMITS.request_timeout_s
 
     # ------------------------------------------------------------------ lifecycle
 

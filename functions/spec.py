@@ -8,6 +8,7 @@ Messages name the value that was wrong and what would be right, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
@@ -88,6 +89,7 @@ class ServingLimits:
 
 
 LIMITS = ServingLimits()
+MAX_TIMEOUT_S = 600.0  # a function's own request timeout, at most (Knative's max-revision-timeout-seconds)
 
 SLICE_RE = re.compile(r"^(?P<num>\d+)/(?P<den>\d+)$")
 
@@ -173,11 +175,16 @@ class FunctionSpec:
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     batching: BatchingSpec = field(default_factory=BatchingSpec)
     version: str = "1"
+    # how long one request may take in the model before it is answered 504 (KServe's
+    # component `timeout`, Nuclio's `eventTimeout`); a replica busy past it is replaced
+    timeout_s: float = LIMITS.request_timeout_s
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         if not self.artifact:
             raise SpecError("artifact must not be empty")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise SpecError(f"timeout_s ({self.timeout_s}) must be within (0, {MAX_TIMEOUT_S:g}]")
         if not re.match(r"^[A-Za-z0-9._-]{1,64}$", self.version):
             raise SpecError(f"version {self.version!r} must be 1-64 of [A-Za-z0-9._-]")
 
@@ -188,6 +195,12 @@ def spec_defaults() -> dict[str, dict[str, Any]]:
         cls.__name__: {f.name: getattr(cls(), f.name) for f in fields(cls)}
         for cls in (BatchingSpec, SliceRequest, ScalingSpec, ServingLimits)
     }
+
+
+def same_runtime(a: FunctionSpec, b: FunctionSpec) -> bool:
+    """Whether running replicas of `a` can serve `b`: scaling changes apply to them in
+    place (Ray Serve's lightweight update); any other change needs new replicas."""
+    return dataclasses.replace(a, scaling=b.scaling) == b
 
 
 def spec_to_dict(spec: FunctionSpec) -> dict[str, Any]:
@@ -205,6 +218,7 @@ def spec_to_dict(spec: FunctionSpec) -> dict[str, Any]:
             f.name: list(v) if isinstance(v := getattr(spec.batching, f.name), tuple) else v
             for f in fields(BatchingSpec)
         },
+        "timeout_s": spec.timeout_s,
     }
 
 
@@ -212,7 +226,7 @@ def spec_from_dict(doc: dict[str, Any]) -> FunctionSpec:
     """Parse and validate; unknown keys are errors that name the key."""
     if not isinstance(doc, dict):
         raise SpecError(f"a function spec must be an object, got {type(doc).__name__}")
-    known = {"name", "artifact", "loader", "trust", "version", "slice", "scaling", "batching"}
+    known = {"name", "artifact", "loader", "trust", "version", "slice", "scaling", "batching", "timeout_s"}
     unknown = set(doc) - known
     if unknown:
         raise SpecError(f"unknown function spec field(s) {sorted(unknown)}; expected {sorted(known)}")
@@ -230,7 +244,14 @@ def spec_from_dict(doc: dict[str, Any]) -> FunctionSpec:
         slice=SliceRequest.parse(doc.get("slice", "1/4")),
         scaling=scaling,
         batching=batching,
+        timeout_s=_number(doc.get("timeout_s", LIMITS.request_timeout_s), "timeout_s"),
     )
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{where} must be a number, got {value!r}")
+    return float(value)
 
 
 def _section(cls, doc: Any, where: str):

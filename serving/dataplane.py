@@ -57,6 +57,7 @@ class DataPlane:
         self._batching = batching
         self._loop = BatchLoop(batching, self._execute, clock)
         metrics.queued.set_function(lambda: len(self._loop))
+        metrics.stalled.set_function(executor.stalled_s)
         self._clock = clock
 
     # ------------------------------------------------------------------ lifecycle
@@ -69,6 +70,15 @@ class DataPlane:
         self._loop.start()
         self.ready = True
         self.metrics.ready.set(1)
+
+    def hung(self) -> str | None:
+        """Why this replica is not live: one model call has run past the request timeout
+        (its request was answered 504; the slice's thread is still inside the model)."""
+        stalled = self.executor.stalled_s()
+        if stalled > self.request_timeout_s:
+            return (f"the model has been inside one call for {stalled:.1f} s, past the request timeout "
+                    f"({self.request_timeout_s:g} s)")
+        return None
 
     async def stop(self) -> None:
         self.ready = False

@@ -146,5 +146,10 @@ class SliceExecutor:
             running = time.perf_counter() - self._started if self._started is not None else 0.0
             return self._busy_done + running
 
+    def stalled_s(self) -> float:
+        """How long the timed call running now has run; 0 when idle or loading."""
+        with self._lock:
+            return time.perf_counter() - self._started if self._started is not None else 0.0
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)

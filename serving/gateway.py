@@ -11,8 +11,15 @@ requests while a function scales from zero.
   inference) into `shoal_cold_start_seconds`, and a request that waited for one
   carries a `Shoal-Cold-Start` header.
 - A connection that fails before the replica read the request is retried on
-  another replica. A draining replica takes no new requests; its in-flight ones
-  finish before it is stopped.
+  another replica; one the replica dropped without an answer (it died) is sent
+  once more to another. A draining replica takes no new requests; its in-flight
+  ones finish before it is stopped.
+- Each function may have at most `max_inflight_per_function` requests inside the
+  gateway (held or sent); past it a request is answered 503 with Retry-After
+  before its body is read, so one function's burst cannot take every other
+  function's share of the gateway.
+- A request may take the function's own timeout (`timeout_of`), after which the
+  replica answers 504; the gateway's own limit is that plus a margin.
 
 It knows nothing of the controller: the control plane drives it through
 `add_endpoint` / `drain_endpoint` / `remove_endpoint`, and it asks for capacity
@@ -71,6 +78,7 @@ class GatewayConfig:
     request_timeout_s: float = LIMITS.request_timeout_s
     max_body_bytes: int = LIMITS.max_body_bytes
     max_retries: int = 2
+    max_inflight_per_function: int = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,7 @@ class Route:
     waiters: collections.deque = field(default_factory=collections.deque)
     metadata: dict[str, bytes] = field(default_factory=dict)  # cached model metadata, by path
     held_bytes: int = 0
+    inflight: int = 0  # requests inside the gateway, held or sent
 
     def ready(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.draining]
@@ -138,8 +147,10 @@ class Gateway:
         config: GatewayConfig = GatewayConfig(),
         authorize: Callable[[dict[bytes, bytes]], InferenceError | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timeout_of: Callable[[str], float] | None = None,
     ):
         self.config = config
+        self._timeout_of = timeout_of
         self.metrics = GatewayMetrics(registry)
         self._poke = poke
         self._known = known
@@ -274,24 +285,42 @@ class Gateway:
         route = self.route(function)
         if method == "GET" and path in route.metadata:
             return 200, [(b"content-type", b"application/json")], route.metadata[path]
+        if route.inflight >= self.config.max_inflight_per_function:
+            raise Overloaded(f"function {function!r} has {route.inflight} requests in the gateway "
+                             f"(limit {self.config.max_inflight_per_function}); retry later")
+        route.inflight += 1
+        try:
+            return await self._forward(scope, receive, route, method, path, headers, start)
+        finally:
+            route.inflight -= 1
+
+    async def _forward(self, scope, receive, route, method, path, headers, start):
+        function = route.function
         body = await read_body(receive, self.config.max_body_bytes, _header(headers, b"content-length"))
         forward = [(k, v) for k, v in headers.items() if k not in HOP_BY_HOP and k != b"authorization"]
         deadline = start + self.config.hold_timeout_s
+        timeout_s = self.config.request_timeout_s
+        if self._timeout_of is not None:  # the replica answers 504 at the function's timeout; this is the backstop
+            timeout_s = self._timeout_of(function) + 2.0
         tried: set[str] = set()
         waited = 0.0
+        resent = False
         for attempt in range(self.config.max_retries + 1):
             endpoint, held_s = await self._pick(route, deadline, exclude=tried, size=len(body), receive=receive)
             waited += held_s
             sent_at = self._clock()
             try:
-                response = await self._send(endpoint, method, path, forward, body)
+                response = await self._send(endpoint, method, path, forward, body, timeout_s)
             except UpstreamUnavailable as exc:
                 tried.add(endpoint.replica)
                 if exc.retryable:
                     # nothing answers there: route around it and let the controller replace it
                     endpoint.draining = True
                     self._poke(function)
-                if not exc.retryable or attempt == self.config.max_retries:
+                # dropped without an answer: the replica died, maybe of this request; once more elsewhere
+                again = exc.retryable or (exc.dropped and not resent)
+                resent = resent or exc.dropped
+                if not again or attempt == self.config.max_retries:
                     raise BadGateway(f"replica {endpoint.replica} failed: {exc}") from None
                 self.metrics.retries.labels(function).inc()
                 continue
@@ -360,15 +389,13 @@ class Gateway:
                 f"(limit {self.config.max_held_bytes_per_function}); retry later"
             )
 
-    async def _send(self, endpoint: Endpoint, method, path, headers, body):
+    async def _send(self, endpoint: Endpoint, method, path, headers, body, timeout_s: float):
         endpoint.outstanding += 1
         endpoint.idle.clear()
         try:
-            return await endpoint.pool.request(method, path, headers, body, self.config.request_timeout_s)
+            return await endpoint.pool.request(method, path, headers, body, timeout_s)
         except asyncio.TimeoutError:
-            raise InferenceTimeout(
-                f"replica {endpoint.replica} gave no answer within {self.config.request_timeout_s:g} s"
-            ) from None
+            raise InferenceTimeout(f"replica {endpoint.replica} gave no answer within {timeout_s:g} s") from None
         finally:
             endpoint.outstanding -= 1
             if endpoint.outstanding == 0:

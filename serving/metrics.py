@@ -50,6 +50,10 @@ class ReplicaMetrics:
         self.ready = Gauge(
             "shoal_replica_ready", "1 when the model is loaded and serving", ["function"], registry=r,
         ).labels(function)
+        self.stalled = Gauge(
+            "shoal_replica_stalled_seconds", "How long the model call running now has run (0 when idle)",
+            ["function"], registry=r,
+        ).labels(function)
         info = Gauge(
             "shoal_replica_info", "The replica's slice and device (emulated devices say so)",
             ["function", *labels], registry=r,

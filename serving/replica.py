@@ -116,7 +116,9 @@ class ReplicaApp:
         kind, name, version = route
         dp = self.dataplane
         if kind == "live":
-            return await _send_json(send, 200, {"live": True})
+            hung = dp.hung()
+            return await _send_json(send, 503, {"live": False, "error": hung}) if hung else \
+                await _send_json(send, 200, {"live": True})
         if kind == "ready":
             return await _send_json(send, 200 if dp.ready else 503, {"ready": dp.ready})
         if kind == "server":

@@ -21,11 +21,14 @@ HOP_BY_HOP = frozenset(
 
 class UpstreamUnavailable(Exception):
     """The replica could not be reached or dropped the connection.
-    `retryable`: the replica did not read the request, so another may take it."""
+    `retryable`: the replica did not read the request, so another may take it.
+    `dropped`: it may have read it, then closed the connection without a byte of answer
+    (it died: killed, out of memory, or the request itself crashed it)."""
 
-    def __init__(self, message: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool, dropped: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        self.dropped = dropped
 
 
 @dataclass(slots=True)
@@ -62,8 +65,10 @@ class UpstreamPool:
                 if reused and attempt == 0:
                     continue  # the replica closed an idle connection: try a fresh one
                 # on a fresh connection the replica may have read the request and died on it:
-                # sending it to another replica could crash that one too
-                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", False) from None
+                # the gateway sends it to one other replica at most, so a request that kills
+                # replicas can take down two, never the whole function
+                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection: {exc}", False,
+                                          dropped=True) from None
             except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
                 writer.close()
                 raise UpstreamUnavailable(f"replica {self.host}:{self.port} failed mid-response: {exc!r}", False) from None

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from autoscaler.placement import Placement
-from functions.spec import FunctionSpec
+from functions.spec import LIMITS, FunctionSpec
 
 log = logging.getLogger("shoal.local")
 
@@ -92,6 +92,8 @@ def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host:
         "--max-queue", str(spec.batching.max_queue_requests),
         "--log-level", "warning",
     ]
+    if spec.timeout_s != LIMITS.request_timeout_s:
+        argv += ["--request-timeout-s", f"{spec.timeout_s:g}"]
     if spec.batching.preferred_batch_sizes:
         argv += ["--preferred-batch-sizes", ",".join(map(str, spec.batching.preferred_batch_sizes))]
     if placement.cpus:

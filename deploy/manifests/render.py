@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.manifests.gpus import GpuRequest, Sharing, gpu_request
-from functions.spec import FunctionSpec
+from functions.spec import LIMITS, FunctionSpec
 
 GATEWAY_PORT = 8080
 REPLICA_PORT = 8080
@@ -364,6 +364,8 @@ def replica_container(cluster: Cluster, spec: FunctionSpec, artifact: Artifact, 
             "--host", "0.0.0.0", "--port", str(REPLICA_PORT), "--slice", spec.slice.name, "--device", "gpu:0",
             "--max-batch-size", str(b.max_batch_size), "--max-queue-delay-ms", f"{b.max_queue_delay_ms:g}",
             "--max-queue", str(b.max_queue_requests)]
+    if spec.timeout_s != LIMITS.request_timeout_s:
+        args += ["--request-timeout-s", f"{spec.timeout_s:g}"]
     if spec.loader:
         args += ["--loader", spec.loader]
     if spec.trust:

@@ -191,3 +191,84 @@ def test_held_request_whose_client_leaves_frees_its_slot():
     held_before, held_after, status = asyncio.run(scenario())
     assert (held_before, held_after) == (1, 0)
     assert status == 499  # logged as such; the client is no longer there to read it
+
+
+async def dropping_replica():
+    """A replica that reads each request and then dies on it: closes the connection, no answer."""
+    read = []
+
+    async def handle(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            read.append(1)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], read
+
+
+def test_a_request_whose_replica_died_on_it_is_sent_once_more_to_another(monkeypatch):
+    import itertools
+
+    counter = itertools.count()  # ties break by random(): the first added replica wins the first pick
+    monkeypatch.setattr("serving.gateway.random.random", lambda: next(counter))
+
+    async def scenario():
+        gateway, _ = make_gateway()
+        dropper, drop_port, read = await dropping_replica()
+        server, port, served = await fake_replica()
+        gateway.add_endpoint("f", "dies", "127.0.0.1", drop_port)
+        gateway.add_endpoint("f", "alive", "127.0.0.1", port)
+        status = (await Scope(gateway).call())[0]
+        dropper.close()
+        server.close()
+        return status, len(read), len(served), gateway.metrics.retries.labels("f")._value.get()
+
+    status, read, served, retries = asyncio.run(scenario())
+    # the first replica read the request and closed the connection; the second answered it
+    assert (status, read, served, retries) == (200, 1, 1, 1)
+
+
+def test_a_request_that_two_replicas_died_on_is_not_sent_to_a_third():
+    async def scenario():
+        gateway, _ = make_gateway()
+        droppers = [await dropping_replica() for _ in range(3)]
+        for i, (_, port, _) in enumerate(droppers):
+            gateway.add_endpoint("f", f"r{i}", "127.0.0.1", port)
+        status, _, body = await Scope(gateway).call()
+        for server, _, _ in droppers:
+            server.close()
+        return status, body, sum(len(read) for _, _, read in droppers)
+
+    status, body, reads = asyncio.run(scenario())
+    # a request that kills replicas takes down two at most, never the whole function
+    assert status == 502 and b"closed the connection" in body and reads == 2
+
+
+def test_a_function_past_its_inflight_limit_gets_503_at_once_and_others_are_served():
+    async def scenario():
+        gateway = Gateway(CollectorRegistry(), poke=lambda n: None, known=lambda n: n in ("f", "g"),
+                          config=GatewayConfig(max_inflight_per_function=3))
+        slow, slow_port, _ = await fake_replica(delay_s=0.5)
+        fast, fast_port, _ = await fake_replica()
+        gateway.add_endpoint("f", "f-1", "127.0.0.1", slow_port)
+        gateway.add_endpoint("g", "g-1", "127.0.0.1", fast_port)
+        busy = [asyncio.ensure_future(Scope(gateway).call()) for _ in range(3)]
+        await asyncio.sleep(0.1)  # three of f's requests are in the gateway
+        start = asyncio.get_running_loop().time()
+        over = await Scope(gateway).call()
+        over_s = asyncio.get_running_loop().time() - start
+        other = await Scope(gateway, "/v2/models/g/infer").call()
+        done = [r[0] for r in await asyncio.gather(*busy)]
+        slow.close()
+        fast.close()
+        return over, over_s, other[0], done
+
+    (status, headers, body), over_s, other, done = asyncio.run(scenario())
+    assert status == 503 and headers[b"retry-after"] == b"1" and b"limit 3" in body
+    assert over_s < 0.25  # answered at once, not after f's slow requests
+    assert other == 200 and done == [200, 200, 200]
