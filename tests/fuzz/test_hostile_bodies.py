@@ -41,5 +41,6 @@ def test_gzip_bomb_is_refused_without_inflating_it(digits_onnx, bomb):
         ok = httpx.post(f"{replica.url}/v2/models/digits/infer", content=BODY,
                         headers={"Content-Type": "application/json"}, timeout=10)
         assert ok.status_code == 200  # and it still serves
+        print(f"gzip bomb: {r.status_code} in {elapsed:.2f} s, replica RSS grew {grown / 2**20:.0f} MiB")
     finally:
         assert stop_process(replica.proc, 15, 30) == 0
