@@ -11,20 +11,30 @@
 
 No token: 401; a wrong token: 403; tokens are compared in constant time.
 Errors are `{"error": "..."}` like the inference protocol's.
+
+An artifact's bytes are sniffed (functions/sniff.py) when it is uploaded, before it is kept:
+that is the first request of a deploy, so an ONNX file that is not ONNX or a zip bomb is a
+400 at once and never enters the store. A PUT sniffs the stored file again (cheap: bounded
+reads), for artifacts stored before the check existed or put in the store by other means.
+Pickles are never opened here; without trust they are refused at the PUT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from functions.artifacts import ArtifactError, ArtifactTooLarge, validate_filename
 from functions.nuclio import to_function_yaml
 from functions.registry import NotFound
+from functions.sniff import sniff_artifact
 from functions.spec import SpecError, spec_from_dict, validate_name
 
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
@@ -50,14 +60,14 @@ def check_token(header: str | None, token: str) -> ApiError | None:
 
 
 async def write_artifact(store, stream, filename: str):
-    """Stream an upload into the artifact store; the disk writes run off the event loop.
-    Nothing of a refused or broken upload is kept."""
+    """Stream an upload into the artifact store; the disk writes and the sniff of the complete
+    file run off the event loop. Nothing of a refused or broken upload is kept."""
     loop = asyncio.get_running_loop()
     writer = store.writer(filename)
     try:
         async for chunk in stream:
             await loop.run_in_executor(None, writer.write, chunk)
-        return await loop.run_in_executor(None, writer.commit)
+        return await loop.run_in_executor(None, functools.partial(writer.commit, check=sniff_artifact))
     finally:
         writer.abort()
 
@@ -74,6 +84,16 @@ def create_api(plane) -> FastAPI:
     async def _spec_error(request: Request, exc: SpecError):
         status = 413 if isinstance(exc, ArtifactTooLarge) else 400
         return JSONResponse({"error": str(exc)}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own answers (no such route, method not allowed) in the API's error body
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors())
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Callable):
@@ -108,9 +128,14 @@ def create_api(plane) -> FastAPI:
         spec = spec_from_dict(doc)
         if not plane.store.has(spec.artifact):
             raise ApiError(400, f"artifact {spec.artifact!r} is not in the store: upload it first")
-        if spec.artifact.lower().endswith(PICKLE_SUFFIXES) and not spec.trust:
+        # a pickle by its name, or anything the sklearn loader would unpickle: refused before it is opened
+        if (spec.artifact.lower().endswith(PICKLE_SUFFIXES) or spec.loader == "sklearn") and not spec.trust:
             raise ApiError(400, f"{spec.artifact.rsplit('/', 1)[-1]} is a pickle: loading it runs code from the file; "
                                 "refused without --trust (trust: true)")
+        path = plane.store.path(spec.artifact)
+        if await asyncio.get_running_loop().run_in_executor(None, sniff_artifact, path) == "notebook":
+            raise ApiError(400, f"{path.name} is a notebook, which a replica cannot load: `shoal deploy` and the SDK "
+                                "convert it to a handler .py (nuclio-jupyter); deploy that")
         record = plane.put_function(spec)
         return plane.function_view(record)
 

@@ -18,7 +18,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from functions.spec import SpecError
 
@@ -49,7 +49,7 @@ class Artifact:
 
 
 def validate_filename(name: str) -> str:
-    if not isinstance(name, str) or not FILENAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not FILENAME_RE.fullmatch(name) or ".." in name:
         raise ArtifactError(
             f"artifact file name {name!r} is invalid: a bare name of letters, digits, '.', '_' or '-' "
             "(no folders, no '..'), at most 128 characters"
@@ -60,7 +60,7 @@ def validate_filename(name: str) -> str:
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
-    m = REF_RE.match(ref or "")
+    m = REF_RE.fullmatch(ref or "")
     if not m:
         raise ArtifactError(f"artifact reference {ref!r} is invalid: expected 'sha256:<64 hex>/<file name>'")
     return m["hex"], validate_filename(m["name"])
@@ -127,8 +127,13 @@ class ArtifactWriter:
         self._hash.update(chunk)
         self._file.write(chunk)
 
-    def commit(self) -> Artifact:
+    def commit(self, check: Callable[[Path, str], object] | None = None) -> Artifact:
+        """Keep the file under its digest. `check(path, filename)`, when given, first looks at the
+        complete file (functions.sniff.sniff_artifact); what it raises refuses the artifact, and
+        abort() then removes it: a refused artifact is never in the store."""
         self._file.close()
+        if check is not None:
+            check(self._tmp, self.filename)
         artifact = Artifact(self._hash.hexdigest(), self.filename, self.size)
         final = self.store.path(artifact.ref)
         if not final.exists():

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from functions.artifacts import ArtifactError
+from functions.sniff import check_kind
 from serving.models.base import LoadError, LoadOptions, Model, parse_tensor_specs
 from serving.protocol.errors import ModelError
 from serving.protocol.types import TensorSpec
@@ -33,6 +35,10 @@ class TorchScriptModel(Model):
             import torch
         except ImportError:
             raise LoadError("TorchScript needs the torch extra: pip install 'shoal[torch]'") from None
+        try:  # torch allocates what the archive declares: a zip bomb is refused from its central directory first
+            check_kind(self.path, "torchscript")
+        except ArtifactError as exc:
+            raise LoadError(str(exc)) from None
         torch.set_num_threads(max(1, self.options.threads))
         self.device = self._device(torch)
         try:
