@@ -287,6 +287,7 @@ class Simulation:
         n = len(profiles)
         self.specs = [p.spec() for p in profiles]
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])
+        self._cold = self.cold.tolist()  # the same, as Python floats for per-function reads
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
         self.max_batch = np.array([p.max_batch for p in profiles])
         self.func_slice = np.array([p.slice_fraction for p in profiles])
@@ -547,40 +548,50 @@ class Simulation:
         """Every function with replicas, except idle ones its policy said it would leave
         alone until later (looked at again at that time or at their next request)."""
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
-        for fid in live.tolist():
-            self._decide(fid, t1, activator_queue=len(self.held.get(fid, ())))
+        # this tick's numbers as Python floats, gathered once: indexing numpy per function costs more
+        tick = zip(live.tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
+                   self.tick_busy[live].tolist(), self.tick_p95[live].tolist())
+        held = self.held
+        for fid, n, lat, busy, p95 in tick:
+            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95))
         for fid in [x for x in self.held if self.n_srv[x] == 0]:
             self._decide(fid, t1, activator_queue=len(self.held[fid]))
 
-    def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False) -> None:
+    def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
+                measured: tuple[float, float, float, float] | None = None) -> None:
+        """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95),
+        read from the tick arrays when not given."""
         dt = self.config.tick_s
         srv = self.servers
         mine = self.slots[fid]
         ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else sum(1 for s in mine if srv.ready_at[s] <= now)
+        cold = self._cold[fid]
         if fresh:  # between ticks: only the held requests are known
             snapshot = MetricsSnapshot(self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
-                                       activator_queue=activator_queue, cold_start_s=float(self.cold[fid]),
+                                       activator_queue=activator_queue, cold_start_s=cold,
                                        slice_fraction=float(self.func_slice[fid]))
         else:
-            n = self.tick_n[fid]
-            duty = min(1.0, self.tick_busy[fid] / (max(ready, 1) * dt)) if ready else 0.0
-            p95 = self.tick_p95[fid]
+            if measured is None:
+                measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),
+                            float(self.tick_p95[fid]))
+            n, lat, busy, p95 = measured
+            duty = min(1.0, busy / (max(ready, 1) * dt)) if ready else 0.0
             snapshot = MetricsSnapshot(
                 self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
-                inflight=self.tick_lat[fid] / dt, activator_queue=activator_queue,
-                duty=(duty,) * ready, rps=n / dt, p95_s=None if math.isnan(p95) else float(p95),
-                service_s=self.tick_busy[fid] / n if n else None,
-                cold_start_s=float(self.cold[fid]), slice_fraction=float(self.func_slice[fid]),
+                inflight=lat / dt, activator_queue=activator_queue,
+                duty=(duty,) * ready, rps=n / dt, p95_s=None if p95 != p95 else p95,  # NaN: no request
+                service_s=busy / n if n else None,
+                cold_start_s=cold, slice_fraction=float(self.func_slice[fid]),
             )
         decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
         self._apply(fid, decision, now)
         current = int(self.n_srv[fid])
         if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
-            self.quiet[fid] = self.policy.quiet_until(fid, current, now, float(self.cold[fid]))
+            self.quiet[fid] = self.policy.quiet_until(fid, current, now, cold)
         else:
             self.quiet[fid] = 0.0
-        if self.n_srv[fid] == 0:
-            wake = self.policy.wake_at(fid, float(self.cold[fid]))
+        if current == 0:
+            wake = self.policy.wake_at(fid, cold)
             if wake is not None and wake > now:
                 heapq.heappush(self.wakes, (wake, fid))
 
