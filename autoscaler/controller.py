@@ -261,8 +261,9 @@ class Controller:
                 answered += max(0.0, stat.completed - prev.completed)
             deltas.append(bucket_delta(prev, stat))
         outstanding = self.router.outstanding(name)
+        failed = sum(1 for r in ready if r.state == "failed")
         return MetricsSnapshot(
-            function=name, at=now, ready=len(ready), starting=len(mine) - len(ready),
+            function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
             inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
             duty=tuple(duties), rps=rps, p95_s=quantile(merge_buckets(deltas), 0.95),
             cold_start_s=self.cold_starts.get(name),
@@ -280,10 +281,14 @@ class Controller:
             replica.seen_at = now
             if stat.stalled_s > timeout_s:
                 why = f"its model has been inside one call for {stat.stalled_s:.1f} s (timeout {timeout_s:g} s)"
-        elif getattr(self.metrics_source, "probes", False) and now - replica.seen_at > self.config.unresponsive_s:
+        elif getattr(self.metrics_source, "probes", False) and now - replica.seen_at > max(
+                self.config.unresponsive_s, timeout_s):
+            # silent: a frozen process, or a model call that holds the GIL; a busy replica gets
+            # at least its function's timeout before it is judged
             why = f"it answered no scrape for {now - replica.seen_at:.1f} s"
         if why is None:
             return False
+        replica.state = "failed"  # not counted from now on: the policy replaces it in this very tick
         self._spawn_task(self._fail(replica, f"{replica.id} is not live: {why}; replacing it"))
         return True
 

@@ -38,6 +38,7 @@ GAUGES = {  # metric name -> ReplicaStat field
     "shoal_replica_queued": "queued",
     "shoal_replica_busy_seconds_total": "busy_s",
     "shoal_replica_model_load_seconds": "model_load_s",
+    "shoal_replica_stalled_seconds": "stalled_s",
 }
 NAMES = (REQUESTS, BUCKETS, *GAUGES)
 

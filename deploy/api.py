@@ -133,7 +133,8 @@ def create_api(plane) -> FastAPI:
             raise ApiError(400, f"{spec.artifact.rsplit('/', 1)[-1]} is a pickle: loading it runs code from the file; "
                                 "refused without --trust (trust: true)")
         path = plane.store.path(spec.artifact)
-        if await asyncio.get_running_loop().run_in_executor(None, sniff_artifact, path) == "notebook":
+        sniff = functools.partial(sniff_artifact, path, loader=spec.loader)
+        if await asyncio.get_running_loop().run_in_executor(None, sniff) == "notebook":
             raise ApiError(400, f"{path.name} is a notebook, which a replica cannot load: `shoal deploy` and the SDK "
                                 "convert it to a handler .py (nuclio-jupyter); deploy that")
         record = plane.put_function(spec)

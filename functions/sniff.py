@@ -28,6 +28,7 @@ bottom layer); the replica's TorchScript loader uses `check_kind` before torch o
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
@@ -49,6 +50,10 @@ KIND_BY_SUFFIX = {
     ".yaml": "profile", ".yml": "profile",
 }
 
+# a spec's `loader` names what the replica will load, whatever the file's name says
+KIND_BY_LOADER = {"onnx": "onnx", "torchscript": "torchscript", "sklearn": "pickle", "handler": "python",
+                  "kserve": "python", "profile": "profile"}
+
 MIB = 1024 * 1024
 
 
@@ -56,7 +61,6 @@ MIB = 1024 * 1024
 class SniffLimits:
     # a TorchScript archive stores its tensors uncompressed, so what it declares is about its size;
     # a 200 KB zip declaring 200 MB (zeros deflate 1000:1) is a bomb: 200 MB > 100 x 200 KB and > 64 MiB
-    zip_unpacked_bytes: int = 4 * 1024 * MIB
     zip_ratio: int = 100
     zip_ratio_floor_bytes: int = 64 * MIB  # under this, any ratio (a small archive of text compresses well)
     zip_members: int = 100_000
@@ -77,11 +81,13 @@ def kind_of(filename: str) -> str:
                             f"expected one of {', '.join(KIND_BY_SUFFIX)}") from None
 
 
-def sniff_artifact(path: Path | str, filename: str | None = None, limits: SniffLimits = SniffLimits()) -> str:
+def sniff_artifact(path: Path | str, filename: str | None = None, limits: SniffLimits = SniffLimits(),
+                   loader: str | None = None) -> str:
     """The artifact's kind, after checking that its bytes are that kind; raises ArtifactError.
-    `filename` is the name it is stored under (the file at `path` may be a temporary one)."""
+    `filename` is the name it is stored under (the file at `path` may be a temporary one);
+    `loader`, a spec's, decides the kind when given."""
     name = filename or Path(path).name
-    return check_kind(path, kind_of(name), name, limits)
+    return check_kind(path, KIND_BY_LOADER.get(loader or "") or kind_of(name), name, limits)
 
 
 def check_kind(path: Path | str, kind: str, name: str | None = None, limits: SniffLimits = SniffLimits()) -> str:
@@ -286,13 +292,14 @@ def _check_member_name(member: str, name: str) -> None:
 
 
 def _check_unpacked(total: int, size: int, members: int, name: str, limits: SniffLimits) -> None:
+    # no cap of its own on the total: a TorchScript archive stores tensors uncompressed, so a
+    # large model declares about its size; only a total far beyond the file's is a bomb
     ratio_limit = max(limits.zip_ratio * size, limits.zip_ratio_floor_bytes)
-    if total > limits.zip_unpacked_bytes or total > ratio_limit:
+    if total > ratio_limit:
         raise _refuse(name, "torchscript", (
             f"its first {members} member(s) declare {total} bytes uncompressed in a {size}-byte file "
-            f"(a zip bomb?); the limit is {min(limits.zip_unpacked_bytes, ratio_limit)} bytes "
-            f"({limits.zip_ratio}x the file's size, at least {limits.zip_ratio_floor_bytes}, "
-            f"at most {limits.zip_unpacked_bytes})"))
+            f"(a zip bomb?); the limit is {ratio_limit} bytes "
+            f"({limits.zip_ratio}x the file's size, at least {limits.zip_ratio_floor_bytes})"))
 
 
 # ---------------------------------------------------------------------- text artifacts (small by nature)
@@ -311,11 +318,19 @@ def _read_text(f: BinaryIO, size: int, limit: int, name: str, kind: str) -> str:
 
 
 def _check_python(f: BinaryIO, size: int, name: str, limits: SniffLimits) -> None:
-    text = _read_text(f, size, limits.python_bytes, name, "python")
+    if size > limits.python_bytes:
+        raise _refuse(name, "python", f"{size} bytes is more than the limit of {limits.python_bytes} bytes "
+                                      "for this kind of artifact")
+    data = f.read(limits.python_bytes + 1)
     try:
-        ast.parse(text, filename=name)  # parses only: nothing in the file runs
-    except SyntaxError as exc:
-        raise _refuse(name, "python", f"a syntax error on line {exc.lineno}: {exc.msg}") from None
+        # the bytes, as the import system reads them: a UTF-8 BOM or a coding line is honoured
+        ast.parse(data, filename=name)  # parses only: nothing in the file runs
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte (SyntaxError from Python 3.12)
+        message = str(getattr(exc, "msg", exc))
+        if isinstance(exc, ValueError) or any(m in message for m in ("decode", "encoding", "null bytes")):
+            _read_text(io.BytesIO(data), size, limits.python_bytes, name, "python")  # says which byte
+            raise _refuse(name, "python", f"it is not text in its declared encoding: {message}") from None
+        raise _refuse(name, "python", f"a syntax error on line {exc.lineno}: {message}") from None
     except (RecursionError, MemoryError):
         raise _refuse(name, "python", "it is nested too deeply to parse") from None
 

@@ -120,7 +120,8 @@ class ReplicaApp:
             return await _send_json(send, 503, {"live": False, "error": hung}) if hung else \
                 await _send_json(send, 200, {"live": True})
         if kind == "ready":
-            return await _send_json(send, 200 if dp.ready else 503, {"ready": dp.ready})
+            ready = dp.ready and dp.hung() is None  # a hung model takes no new requests
+            return await _send_json(send, 200 if ready else 503, {"ready": ready})
         if kind == "server":
             return await _send_json(send, 200, dp.server_metadata())
         if kind == "metrics":

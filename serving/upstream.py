@@ -54,15 +54,27 @@ class UpstreamPool:
     async def request(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
                       timeout_s: float) -> UpstreamResponse:
         """Send one request; a stale pooled connection is replaced transparently once."""
+        dropped = None  # a reused connection closed without an answer: stale, or the replica died on it
         for attempt in range(2):
             reused = bool(self._idle)
-            reader, writer = await self._connection()
+            try:
+                reader, writer = await self._connection()
+            except UpstreamUnavailable as exc:
+                if dropped is None:
+                    raise
+                # it closed the connection and now refuses new ones: it died, maybe of this request
+                raise UpstreamUnavailable(f"replica {self.host}:{self.port} closed the connection ({dropped}) "
+                                          f"and is gone: {exc}", False, dropped=True) from None
             try:
                 async with asyncio.timeout(timeout_s):  # no extra task per request, unlike wait_for
                     response = await self._exchange(reader, writer, method, path, headers, body)
+            except TimeoutError:  # before OSError, its base class: no answer in time is a timeout (504)
+                writer.close()
+                raise
             except _NothingRead as exc:
                 writer.close()
                 if reused and attempt == 0:
+                    dropped = str(exc)
                     continue  # the replica closed an idle connection: try a fresh one
                 # on a fresh connection the replica may have read the request and died on it:
                 # the gateway sends it to one other replica at most, so a request that kills

@@ -96,8 +96,8 @@ def test_kill_9_of_the_control_plane_under_load_then_up_again(tmp_path):
     plane = start_plane(state, "--devices", "emulated:2x80GiB")
     with plane.client() as client:
         client.deploy(PROFILE, "a", min_replicas=2)
-        client.deploy(PROFILE, "b")
-        wait_for(lambda: ready(client, "a") == 2, 30, "two replicas of a")
+        client.deploy(PROFILE, "b", min_replicas=1)
+        wait_for(lambda: ready(client, "a") == 2 and ready(client, "b") == 1, 30, "a's two replicas and b's")
     descendants: list[psutil.Process] = []
 
     async def main() -> Load:
@@ -121,7 +121,7 @@ def test_kill_9_of_the_control_plane_under_load_then_up_again(tmp_path):
     assert not [o for o in load.outcomes if o.error == "hung"]
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     running = [p for p in alive if _status(p) not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)]
-    # the zygote, a's two replicas and b's (woken by the load) were running; none survives
+    # the zygote, a's two replicas and b's were running; none survives
     assert len(descendants) >= 4 and running == [], f"orphans left: {[p.pid for p in running]}"
 
     again = start_plane(state, "--devices", "emulated:2x80GiB")
@@ -131,7 +131,7 @@ def test_kill_9_of_the_control_plane_under_load_then_up_again(tmp_path):
             for name in ("a", "b"):
                 r = client.http.post(f"/v2/models/{name}/infer", content=IMAGE, timeout=30)
                 assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [1, 10], r.text
-            wait_for(lambda: ready(client, "a") == 2, 30, "a back at its two replicas")
+            wait_for(lambda: ready(client, "a") == 2 and ready(client, "b") == 1, 30, "both back at their minimum")
     finally:
         assert again.stop() == 0
 

@@ -94,11 +94,16 @@ def test_a_burst_at_10x_capacity_is_shed_at_once_and_latency_recovers(tmp_path):
     assert len(shed) > len(during) / 2 and all(o.retry_after == "1" for o in shed), summary(during)
     shed_p99 = sorted(o.latency_s for o in shed)[int(0.99 * len(shed))]
     assert shed_p99 < 0.5, shed_p99
-    # latency recovers: from at most 10 s after the burst every request is served at
-    # close to its 20 ms service time
-    late = [o for o in hot if o.sent_at >= burst_end and (o.status != 200 or o.latency_s > 0.2)]
-    recovered_s = max((o.sent_at + o.latency_s for o in late), default=burst_end) - burst_end
-    assert recovered_s <= 10.0, [(round(o.sent_at, 2), o.status, round(o.latency_s, 3)) for o in late[-5:]]
+    # latency recovers: per second after the burst, every request answered 200 and the p95
+    # close to the 20 ms service time; recovered when no later second is worse (one slow
+    # request on a loaded machine moves no p95)
+    seconds = [[o for o in hot if burst_end + i <= o.sent_at < burst_end + i + 1] for i in range(14)]
+    def p95(sec: list) -> float:
+        return sorted(o.latency_s for o in sec)[int(0.95 * len(sec))]
+
+    bad = [i for i, sec in enumerate(seconds) if not sec or any(o.status != 200 for o in sec) or p95(sec) > 0.2]
+    recovered_s = float(bad[-1] + 1) if bad else 0.0
+    assert recovered_s <= 10.0, [(i, summary(seconds[i])) for i in bad]
     # memory is bounded: the gateway and the replicas grow by less than 100 MiB under the burst
     before = max(m for t, m in memory if t < BURST_START_S)
     peak = max(m for _, m in memory)

@@ -272,3 +272,65 @@ def test_a_function_past_its_inflight_limit_gets_503_at_once_and_others_are_serv
     assert status == 503 and headers[b"retry-after"] == b"1" and b"limit 3" in body
     assert over_s < 0.25  # answered at once, not after f's slow requests
     assert other == 200 and done == [200, 200, 200]
+
+
+async def dies_on_second_request():
+    """Answers one request (so the gateway pools a connection to it), then reads the next,
+    closes the connection and stops listening: a process killed by what it was sent."""
+    died = []
+    server_box = []
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                if b"/warm" not in head:
+                    died.append(1)
+                    server_box[0].close()  # new connections are refused from now on
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server_box.append(server)
+    return server, server.sockets[0].getsockname()[1], died
+
+
+def test_over_pooled_connections_a_request_that_kills_replicas_takes_down_two_at_most():
+    async def scenario():
+        gateway, _ = make_gateway()
+        replicas = [await dies_on_second_request() for _ in range(3)]
+        for i, (_, port, _) in enumerate(replicas):
+            gateway.add_endpoint("f", f"r{i}", "127.0.0.1", port)
+        for endpoint in gateway.routes["f"].endpoints:  # a kept-alive connection to each
+            assert (await endpoint.pool.request("POST", "/warm", [], b"{}", 5)).status == 200
+        status, _, body = await Scope(gateway).call()
+        for server, _, _ in replicas:
+            server.close()
+        return status, body, sum(len(died) for _, _, died in replicas)
+
+    status, body, died = asyncio.run(scenario())
+    assert status == 502 and b"closed the connection" in body and died == 2
+
+
+def test_the_gateway_gives_up_at_the_functions_timeout_plus_its_margin():
+    async def scenario():
+        gateway = Gateway(CollectorRegistry(), poke=lambda n: None, known=lambda n: n == "f",
+                          timeout_of=lambda n: 0.3)
+        server, port, _ = await fake_replica(delay_s=30)  # never answers in time
+        gateway.add_endpoint("f", "f-1", "127.0.0.1", port)
+        start = asyncio.get_running_loop().time()
+        status, _, body = await Scope(gateway).call()
+        took = asyncio.get_running_loop().time() - start
+        server.close()
+        return status, body, took
+
+    status, body, took = asyncio.run(scenario())
+    # 0.3 s of the function's own timeout + 2 s margin (the replica's own 504 comes first when it can)
+    assert status == 504 and b"no answer within 2.3 s" in body and 2.2 < took < 4, (status, body, took)

@@ -41,6 +41,10 @@ GOOD = [
     ("torchscript-suffix", "m.torchscript", TS_ZIP, "torchscript"),
     ("handler", "h.py", HANDLER, "python"),
     ("handler-utf8", "h.py", "# é, ü\n".encode() + HANDLER, "python"),
+    # read as the import system reads source: a UTF-8 BOM, a coding line, CRLF line ends
+    ("handler-bom", "h.py", b"\xef\xbb\xbf" + HANDLER, "python"),
+    ("handler-latin1-declared", "h.py", "# -*- coding: latin-1 -*-\n# café\n".encode("latin-1") + HANDLER, "python"),
+    ("handler-crlf", "h.py", HANDLER.replace(b"\n", b"\r\n"), "python"),
     ("notebook", "n.ipynb", notebook(["def handler(context, event):\n    return 1"]), "notebook"),
     ("profile", "p.yaml", (EXAMPLES / "emulated_resnet.yaml").read_bytes(), "profile"),
     ("profile-yml", "p.yml", b"kind: profile\nlatency_ms: {1: 2.0}\n", "profile"),
@@ -86,7 +90,8 @@ BAD = [
     ("ipynb-no-nbformat", "n.ipynb", b'{"cells": []}', "without 'cells' (a list) and 'nbformat'"),
     ("ipynb-utf16", "n.ipynb", '{"cells": []}'.encode("utf-16"), "byte 0xff at offset 0 is not UTF-8"),
     ("ipynb-deep", "n.ipynb", b"[" * 100_000, "nested too deeply"),
-    ("py-latin1", "h.py", "# café\n".encode("latin-1") + HANDLER, "byte 0xe9 at offset 5 is not UTF-8"),
+    # latin-1 in a string without a coding line (Python itself lets it pass in a comment)
+    ("py-latin1", "h.py", 'x = "café"\n'.encode("latin-1") + HANDLER, "byte 0xe9 at offset 8 is not UTF-8"),
     ("py-nul", "h.py", HANDLER + b"\x00", "NUL byte"),
     ("py-binary", "h.py", TS_ZIP, "not UTF-8"),
     ("py-syntax", "h.py", HANDLER + b"def broken(:\n", "syntax error on line 3"),
@@ -281,3 +286,35 @@ def test_a_refused_upload_keeps_nothing(tmp_path):
     writer.write(onnx_model())
     artifact = writer.commit(check=sniff_artifact)
     assert store.path(artifact.ref).read_bytes() == onnx_model()
+
+
+def test_the_specs_loader_decides_the_kind_at_deploy(tmp_path):
+    # an ONNX model stored under a TorchScript name: refused by its name, passed by `loader: onnx`
+    path = tmp_path / "model.pt"
+    path.write_bytes(onnx_model())
+    with pytest.raises(ArtifactError, match="not a zip archive"):
+        sniff_artifact(path)
+    assert sniff_artifact(path, loader="onnx") == "onnx"
+    path.write_bytes(b"neither")
+    with pytest.raises(ArtifactError, match="not a serialized onnx.ModelProto"):
+        sniff_artifact(path, loader="onnx")
+
+
+@pytest.mark.parametrize("declared, size, refused", [
+    # a large TorchScript model declares about its size: 5 GiB in a 5 GiB file is no bomb
+    (5 * GIB, 5 * GIB, False),
+    # 5 GiB in 60 MiB: 5 GiB > 100 x 60 MiB = 5.86 GiB? no: 5 GiB < 5.86 GiB, within the ratio
+    (5 * GIB, 60 * 1024**2, False),
+    # 5 GiB in 50 MiB: 100 x 50 MiB = 4.88 GiB < 5 GiB: a bomb
+    (5 * GIB, 50 * 1024**2, True),
+    # under the 64 MiB floor any ratio passes: 60 MiB declared in 1 KB
+    (60 * 1024**2, 1024, False),
+])
+def test_a_zip_is_judged_by_its_ratio_with_no_cap_of_its_own(declared, size, refused):
+    from functions.sniff import _check_unpacked
+
+    if refused:
+        with pytest.raises(ArtifactError, match="a zip bomb"):
+            _check_unpacked(declared, size, 3, "m.pt", SniffLimits())
+    else:
+        _check_unpacked(declared, size, 3, "m.pt", SniffLimits())

@@ -77,8 +77,9 @@ T0, T1 = 1000.0, 1001.0
         _data(_series("shoal_replica_inflight", (T0, "7"), (T1, "3")),
               _series("shoal_replica_queued", (T1, "1")),
               _series("shoal_replica_busy_seconds_total", (T0, "1.5"), (T1, "2.25")),
-              _series("shoal_replica_model_load_seconds", (T1, "0.5"))),
-        ReplicaStat("r", T1, inflight=3.0, queued=1.0, busy_s=2.25, model_load_s=0.5),
+              _series("shoal_replica_model_load_seconds", (T1, "0.5")),
+              _series("shoal_replica_stalled_seconds", (T0, "0"), (T1, "4.5"))),
+        ReplicaStat("r", T1, inflight=3.0, queued=1.0, busy_s=2.25, model_load_s=0.5, stalled_s=4.5),
         id="gauges and busy seconds take the newest sample"),
     pytest.param(
         _data(_series("shoal_replica_inflight", (T1, "NaN")),
@@ -118,10 +119,10 @@ def test_stat_from_query(data, expected):
 
 @pytest.mark.parametrize("instance, lookback_s, expected", [
     pytest.param("127.0.0.1:9001", 60.0, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds)",instance="127.0.0.1:9001"}[60000ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds)",instance="127.0.0.1:9001"}[60000ms]',
                  id="one selector for every series"),
     pytest.param('a"b', 0.0001, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds)",instance="a\\"b"}[1ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds)",instance="a\\"b"}[1ms]',
                  id="quotes escaped, at least 1 ms"),
 ])
 def test_replica_query(instance, lookback_s, expected):
