@@ -155,6 +155,8 @@ class ClusterController:
             self.state.clear()  # a new leader starts from what it measures, not from stale windows
             return TickResult(leader=False)
         now = self.clock()
+        # a poke counts POKE_TTL_S: older ones are dropped, so names poked once are not kept forever
+        self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}
         result = TickResult(leader=True)
         observed = self.last_observed = self.backend.observe()
         desired: dict[str, Desired] = {}

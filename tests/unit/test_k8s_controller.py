@@ -155,3 +155,17 @@ def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_que
     clock.t += 10  # the poke is 10 s old: only what Prometheus says counts again
     c.pokes["digits"] = (clock.t - 10, 3)
     assert c.tick().decisions["digits"].reason != "COLD_START"
+
+
+def test_old_pokes_are_forgotten():
+    kube, clock = FakeKube(), Clock()
+    c = controller(kube, lambda q: [], clock)
+    for i in range(1000):  # names a gateway poked once (POKE_TTL_S = 5 s)
+        c.poke(f"gone-{i}", 1)
+    clock.t += 4
+    c.poke("recent", 2)
+    c.tick()
+    assert len(c.pokes) == 1001  # 4 s old: still counted
+    clock.t += 2  # the 1000 are 6 s old, "recent" 2 s
+    c.tick()
+    assert set(c.pokes) == {"recent"}
