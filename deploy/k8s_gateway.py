@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from deploy.backends.kubernetes import as_dict, items_of
 from deploy.manifests.render import FUNCTION_LABEL
+from functions.spec import LIMITS, MAX_TIMEOUT_S
 
 log = logging.getLogger("shoal.k8s.gateway")
 
@@ -78,6 +79,17 @@ def sync_actions(routed: dict[tuple[str, str], EndpointView],
     return actions
 
 
+def _timeout_in(config_map: dict[str, Any]) -> float | None:
+    """A function's `timeout_s` from its ConfigMap's spec.json; None when absent or unreadable
+    (the platform's default then applies)."""
+    try:
+        value = json.loads((config_map.get("data") or {}).get("spec.json", "{}")).get("timeout_s")
+    except (ValueError, AttributeError):
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_S
+    return float(value) if ok else None
+
+
 class EndpointSync:
     """Keeps a Gateway's endpoints equal to the cluster's ready replicas."""
 
@@ -86,11 +98,16 @@ class EndpointSync:
                                                                                  drain_s)
         self.routed: dict[tuple[str, str], EndpointView] = {}
         self.functions: set[str] = set()
+        self.timeouts: dict[str, float] = {}  # each function's own request timeout, from its spec
         self._draining: set[asyncio.Task] = set()
 
     async def _drain(self, e: EndpointView) -> None:
-        await self.gateway.drain_endpoint(e.function, e.replica, self.drain_s)
+        # a drain outlasts the longest request the function allows
+        await self.gateway.drain_endpoint(e.function, e.replica, max(self.drain_s, self.timeout_of(e.function) + 5))
         self.gateway.remove_endpoint(e.function, e.replica)
+
+    def timeout_of(self, function: str) -> float:
+        return self.timeouts.get(function, LIMITS.request_timeout_s)
 
     async def drained(self) -> None:
         """Wait for the drains under way (tests, shutdown)."""
@@ -104,10 +121,13 @@ class EndpointSync:
         from deploy.k8s_controller import FUNCTION_KIND_LABEL
 
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
-        names = {(as_dict(c)["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in items_of(listing)}
+        maps = [as_dict(c) for c in items_of(listing)]
+        names = {(c["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in maps}
         for gone in self.functions - names:
             self.gateway.forget(gone)  # held requests of a removed function get their 404
         self.functions = {n for n in names if n}
+        self.timeouts = {n: t for c in maps if (n := (c["metadata"].get("labels") or {}).get(FUNCTION_LABEL))
+                         and (t := _timeout_in(c)) is not None}
         slices = [as_dict(s) for s in items_of(self.discovery.list_namespaced_endpoint_slice(
             self.namespace, label_selector=SLICE_SELECTOR))]
         actions = sync_actions(self.routed, endpoints_from_slices(slices))
@@ -249,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     # the callbacks name `gateway` and `sync`, bound below, before any request can call them
     gateway = Gateway(registry, controller_poke(args.controller_url, lambda f: gateway.held(f)),
-                      lambda f: sync.known(f))
+                      lambda f: sync.known(f), timeout_of=lambda f: sync.timeout_of(f))
     sync = EndpointSync(gateway, client.DiscoveryV1Api(), client.CoreV1Api(), args.namespace)
 
     async def serve() -> None:

@@ -63,3 +63,17 @@ def test_hold_poke_route_drain_and_forget(replica_factory, digits_onnx):
             assert r.status_code == 404 and "error" in json.loads(r.text)
 
     asyncio.run(scenario())
+
+
+def test_each_functions_own_timeout_comes_from_its_config_map():
+    kube = FakeKube()
+    artifact = f"sha256:{'a' * 64}/m.onnx"
+    for doc in ({"name": "slow", "artifact": artifact, "timeout_s": 300.0},
+                {"name": "plain", "artifact": artifact},
+                {"name": "odd", "artifact": artifact, "timeout_s": "soon"}):
+        kube.create_namespaced_config_map("shoal", ConfigMapFunctions.config_map(doc, 1, "shoal"))
+    gateway = Gateway(CollectorRegistry(), lambda f: None, lambda f: sync.known(f))
+    sync = EndpointSync(gateway, kube, kube, "shoal")
+    asyncio.run(sync.sync_once())
+    # 300 s for the one that asks; the platform's 60 s where absent or unreadable
+    assert (sync.timeout_of("slow"), sync.timeout_of("plain"), sync.timeout_of("odd")) == (300.0, 60.0, 60.0)
