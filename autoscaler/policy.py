@@ -125,7 +125,8 @@ def decide(
     # would carry it past the first measured work
     held_through_start = snapshot.ready == 0 and current > 0 and need.by == "concurrency"
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
-    state = PolicyState(last_active_at, needs, onsets, state.duty_avg, state.duty_since, state.duty_last,
+    duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
+    state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
                         state.slice_fraction, state.slice_at)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
@@ -140,7 +141,16 @@ def decide(
 class Need:
     replicas: float  # fractional replicas this load needs now
     by: str  # what set it: work | concurrency | slo
-    detail: str
+    numbers: tuple[float, ...]  # what it was computed from, formatted only when a detail is shown
+
+    @property
+    def detail(self) -> str:
+        a = self.numbers
+        if self.by == "work":
+            return f"work {a[0]:.2f} / duty {a[1]:.2f}"
+        if self.by == "concurrency":
+            return f"{a[0]:g} in flight / {a[1]:g}"
+        return f"p95 {a[0] * 1000:.0f} ms over {a[1] * 1000:.0f} ms: x{a[2]:.2f}"
 
 
 def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig) -> Need:
@@ -162,28 +172,34 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     - SLO: p95 over its target raises the work view by p95 / target, at most
       slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57.
     """
-    measured = max(snapshot.rps * snapshot.service_s if snapshot.service_s else 0.0, sum(snapshot.duty))
+    # plain comparisons rather than max()/min(): this runs for every function on every tick
+    measured = snapshot.rps * snapshot.service_s if snapshot.service_s else 0.0
+    duty_sum = sum(snapshot.duty)
+    if duty_sum > measured:
+        measured = duty_sum
     slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
-    best = Need(measured / duty_target, "work", f"work {measured:.2f} / duty {duty_target:.2f}")
-    by_concurrency = snapshot.demand / spec.target_concurrency
-    if by_concurrency > best.replicas:
-        best = Need(by_concurrency, "concurrency", f"{snapshot.demand:g} in flight / {spec.target_concurrency:g}")
+    by_work = measured / duty_target
+    demand = snapshot.inflight + snapshot.activator_queue
+    by_concurrency = demand / spec.target_concurrency
+    if by_concurrency > by_work:
+        best = Need(by_concurrency, "concurrency", (demand, spec.target_concurrency))
+    else:
+        best = Need(by_work, "work", (measured, duty_target))
     if ratio is not None and ratio > 1 and measured > 0:
-        boost = min(config.slo_max_boost, ratio)
-        if measured / duty_target * boost > best.replicas:
-            best = Need(measured / duty_target * boost, "slo",
-                        f"p95 {snapshot.p95_s * 1000:.0f} ms over {slo_target_s * 1000:.0f} ms: x{boost:.2f}")
+        boost = config.slo_max_boost if config.slo_max_boost < ratio else ratio
+        if by_work * boost > best.replicas:
+            best = Need(by_work * boost, "slo", (snapshot.p95_s, slo_target_s, boost))
     return best
 
 
 def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -> float:
     """spec.target_duty, raised toward max_duty as p95 falls below its target.
     E.g. ratio 0.75 (halfway between 0.5 and 1) -> 0.7 + (0.9 - 0.7) x 0.5 = 0.8."""
-    high = max(config.max_duty, spec.target_duty)
     if ratio is None or ratio >= 1:
         return spec.target_duty
+    high = config.max_duty if config.max_duty > spec.target_duty else spec.target_duty
     low = config.headroom_pct / 100.0
     if ratio <= low:
         return high
@@ -302,7 +318,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
     burst = window_max(state.needs, now, config.burst_window_s)
     trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config)
-    up = _ceil(max(burst, trend))
+    up = _ceil(burst if burst > trend else trend)
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
@@ -340,7 +356,10 @@ def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
     below one while the function is active. E.g. 8 replicas, needs over the last 30 s
     at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4."""
     seen_for = now - state.needs[0][0] if state.needs else 0.0
-    wanted = max(1, spec.min_replicas, _ceil(window_max(state.needs, now, config.scale_down_delay_s)))
+    wanted = _ceil(window_max(state.needs, now, config.scale_down_delay_s))
+    floor = spec.min_replicas if spec.min_replicas > 1 else 1
+    if wanted < floor:
+        wanted = floor
     if wanted >= current:
         return ScaleDecision(_bound(current, spec), "STABLE", "")
     if seen_for < config.scale_down_delay_s - EPS:
@@ -378,8 +397,8 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
                      now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
     """Hot replicas ask for twice the slice; a lone idle one whose p95 would still meet
     the SLO at twice the service time asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4
-    slice -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target -> 1/8."""
-    state = _record_duty(state, snapshot, now, config)
+    slice -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target -> 1/8.
+    `state` holds this snapshot's duty sample already (decide() records it)."""
     current_slice = snapshot.slice_fraction
     if current_slice is None or state.duty_avg is None or snapshot.ready == 0:
         return decision, state
@@ -403,23 +422,20 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     return hinted, replace(state, slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
-def _record_duty(state: PolicyState, snapshot: MetricsSnapshot, now: float, config: PolicyConfig) -> PolicyState:
-    """EWMA of the mean replica duty, time constant slice_window_s: a sample dt after the
-    last one weighs 1 - exp(-dt / tau). Its age counts from the first sample, so a hint
-    needs a whole window of evidence."""
+def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
+                 config: PolicyConfig) -> tuple[float | None, float | None, float | None]:
+    """(duty_avg, duty_since, duty_last) after this snapshot: an EWMA of the mean replica
+    duty, time constant slice_window_s, where a sample dt after the last one weighs
+    1 - exp(-dt / tau). Its age counts from the first sample, so a hint needs a whole
+    window of evidence. No duty sample: unchanged."""
     if not snapshot.duty:
-        return state
+        return state.duty_avg, state.duty_since, state.duty_last
     mean = sum(snapshot.duty) / len(snapshot.duty)
     if state.duty_avg is None or state.duty_last is None:
-        return _with_duty(state, mean, now, now)
-    weight = 1.0 - math.exp(-max(0.0, now - state.duty_last) / config.slice_window_s)
-    return _with_duty(state, state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now)
-
-
-def _with_duty(state: PolicyState, avg: float, since: float | None, last: float) -> PolicyState:
-    # the constructor, not dataclasses.replace: this runs on every decision of every function
-    return PolicyState(state.last_active_at, state.needs, state.onsets, avg, since, last,
-                       state.slice_fraction, state.slice_at)
+        return mean, now, now
+    since = now - state.duty_last
+    weight = 1.0 - math.exp(-(since if since > 0.0 else 0.0) / config.slice_window_s)
+    return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
 
 
 def _ceil(x: float) -> int:
@@ -427,4 +443,6 @@ def _ceil(x: float) -> int:
 
 
 def _bound(n: int, spec: ScalingSpec) -> int:
-    return max(spec.min_replicas, min(spec.max_replicas, n))
+    if n > spec.max_replicas:
+        n = spec.max_replicas
+    return spec.min_replicas if n < spec.min_replicas else n

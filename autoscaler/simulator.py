@@ -549,22 +549,26 @@ class Simulation:
         alone until later (looked at again at that time or at their next request)."""
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
         # this tick's numbers as Python floats, gathered once: indexing numpy per function costs more
-        tick = zip(live.tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
+        srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
+        ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
+        tick = zip(live.tolist(), ready[live].tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
                    self.tick_busy[live].tolist(), self.tick_p95[live].tolist())
         held = self.held
-        for fid, n, lat, busy, p95 in tick:
-            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95))
+        for fid, r, n, lat, busy, p95 in tick:
+            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95), ready=r)
         for fid in [x for x in self.held if self.n_srv[x] == 0]:
             self._decide(fid, t1, activator_queue=len(self.held[fid]))
 
     def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
-                measured: tuple[float, float, float, float] | None = None) -> None:
+                measured: tuple[float, float, float, float] | None = None, ready: int | None = None) -> None:
         """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95),
-        read from the tick arrays when not given."""
+        read from the tick arrays when not given; `ready`: its replicas ready at `now`."""
         dt = self.config.tick_s
         srv = self.servers
         mine = self.slots[fid]
-        ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else sum(1 for s in mine if srv.ready_at[s] <= now)
+        if ready is None:
+            ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else \
+                sum(1 for s in mine if srv.ready_at[s] <= now)
         cold = self._cold[fid]
         if fresh:  # between ticks: only the held requests are known
             snapshot = MetricsSnapshot(self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
@@ -575,7 +579,9 @@ class Simulation:
                 measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),
                             float(self.tick_p95[fid]))
             n, lat, busy, p95 = measured
-            duty = min(1.0, busy / (max(ready, 1) * dt)) if ready else 0.0
+            duty = busy / (ready * dt) if ready else 0.0
+            if duty > 1.0:
+                duty = 1.0
             snapshot = MetricsSnapshot(
                 self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
                 inflight=lat / dt, activator_queue=activator_queue,
