@@ -169,8 +169,12 @@ class ShoalPolicy(_Reactive):
         return decide(snapshot, spec, state, now, self.config)
 
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
+        # what _Reactive.decide does, in one frame: this runs for every busy function every tick
         self.specs[fid] = spec
-        return super().decide(fid, snapshot, spec, now)
+        state = self.states.get(fid)
+        decision, self.states[fid] = decide(snapshot, spec, PolicyState() if state is None else state, now,
+                                            self.config)
+        return decision
 
     def spec_of(self, fid: int) -> ScalingSpec:
         return self.specs[fid]
@@ -591,7 +595,7 @@ class Simulation:
             )
         decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
         self._apply(fid, decision, now)
-        current = int(self.n_srv[fid])
+        current = len(mine)  # the same as n_srv[fid], without a numpy read
         if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
             self.quiet[fid] = self.policy.quiet_until(fid, current, now, cold)
         else:
@@ -604,7 +608,7 @@ class Simulation:
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
         if decision.slice_fraction is not None:
             self.func_slice[fid] = decision.slice_fraction
-        current = int(self.n_srv[fid])
+        current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
