@@ -29,6 +29,8 @@ from autoscaler.metrics import (
     advance_window,
     bucket_delta,
     duty_cycle,
+    fraction_over,
+    learn_batch_latency,
     merge_buckets,
     quantile,
     request_rate,
@@ -155,6 +157,7 @@ class Controller:
         self.last_decision: dict[str, ScaleDecision] = {}
         self.snapshots: dict[str, MetricsSnapshot] = {}
         self.cold_starts: dict[str, float] = {}
+        self.batch_latency: dict[str, tuple[tuple[float, float], ...]] = {}  # learned from the replicas' batches
         self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
         self._wake = asyncio.Event()
@@ -236,6 +239,7 @@ class Controller:
         wanted = Fraction(decision.slice_fraction).limit_denominator(64)
         if wanted != self.slice_for(spec):
             self.slices[name] = wanted
+            self.batch_latency.pop(name, None)  # measured on the old slice
             self.events("slice", f"new replicas get a {wanted.numerator}/{wanted.denominator} slice: {decision.detail}",
                         function=name, data={"slice": str(wanted), "reason": decision.reason})
 
@@ -244,7 +248,7 @@ class Controller:
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         duties, rps, deltas, queued = [], 0.0, [], 0.0
-        busy = answered = 0.0
+        busy = answered = batches = rows = 0.0
         for replica, stat in zip(ready, stats):
             if self._dead(replica, stat, now):
                 continue
@@ -259,16 +263,25 @@ class Controller:
                 rps += request_rate(prev, stat)
                 busy += max(0.0, stat.busy_s - prev.busy_s)
                 answered += max(0.0, stat.completed - prev.completed)
+                batches += max(0.0, stat.batches - prev.batches)
+                rows += max(0.0, stat.batch_rows - prev.batch_rows)
             deltas.append(bucket_delta(prev, stat))
         outstanding = self.router.outstanding(name)
         failed = sum(1 for r in ready if r.state == "failed")
+        if batches > 0:
+            self.batch_latency[name] = learn_batch_latency(self.batch_latency.get(name, ()), rows / batches,
+                                                           busy / batches)
+        learned = self.batch_latency.get(name, ())
+        merged = merge_buckets(deltas)
         return MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
             inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
-            duty=tuple(duties), rps=rps, p95_s=quantile(merge_buckets(deltas), 0.95),
+            duty=tuple(duties), rps=rps, p95_s=quantile(merged, 0.95),
             cold_start_s=self.cold_starts.get(name),
             slice_fraction=float(self.slice_for(spec)) if spec is not None else None,
             service_s=busy / answered if answered else None,
+            batch_latency_s=learned if len(learned) > 1 else (),
+            over_slo=fraction_over(merged, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
         )
 
     def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:

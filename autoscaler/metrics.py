@@ -27,6 +27,8 @@ class ReplicaStat:
     latency_buckets: tuple[tuple[float, float], ...] = ()
     model_load_s: float | None = None
     stalled_s: float = 0.0  # how long the model call running now has run
+    batches: float = 0.0  # batches executed (counter: the batch-size histogram's count)
+    batch_rows: float = 0.0  # rows in them (its sum)
 
 
 def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
@@ -56,6 +58,8 @@ def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
         latency_buckets=tuple(buckets),
         model_load_s=values.get("shoal_replica_model_load_seconds"),
         stalled_s=values.get("shoal_replica_stalled_seconds", 0.0),
+        batches=values.get("shoal_replica_batch_size_count", 0.0),
+        batch_rows=values.get("shoal_replica_batch_size_sum", 0.0),
     )
 
 
@@ -113,6 +117,48 @@ def quantile(buckets: tuple[tuple[float, float], ...] | list, q: float) -> float
     return lower_bound
 
 
+def fraction_over(buckets: tuple[tuple[float, float], ...] | list, bound: float) -> float:
+    """The fraction of observations above `bound` in a cumulative histogram, interpolated
+    linearly inside the bucket that holds it (as `quantile`); 0 with no observations.
+    E.g. ((0.1, 90), (0.25, 99), (inf, 100)), bound 0.2: 90 + 9 x (0.1 / 0.15) = 96 at or
+    under it -> 0.04."""
+    if not buckets or buckets[-1][1] <= 0:
+        return 0.0
+    total = buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for upper, count in buckets:
+        if upper >= bound:
+            if math.isinf(upper):
+                under = lower_count
+            else:
+                under = lower_count + (count - lower_count) * (bound - lower_bound) / (upper - lower_bound)
+            return max(0.0, min(1.0, 1.0 - under / total))
+        lower_bound, lower_count = upper, count
+    return 0.0
+
+
+def learn_batch_latency(table: tuple[tuple[float, float], ...], rows: float, seconds: float,
+                        weight: float = 0.25) -> tuple[tuple[float, float], ...]:
+    """A function's batch latencies, ((rows, seconds), ...) by rows, after one more window in
+    which its batches averaged `rows` rows and `seconds` each (busy seconds / batches).
+    Windows are kept by the power of two nearest their mean rows; a window like a kept one
+    moves it by `weight` (an EWMA), so the table follows the model as load varies the
+    batches. E.g. ((1, .004),) then 7.6 rows in 5.9 ms: bucket 8 is new ->
+    ((1, .004), (7.6, .0059)); then 8.4 rows in 6.1 ms: (7.6 + .25 x .8, 5.9 + .25 x .2 ms)
+    = (7.8, .00595)."""
+    if not (rows >= 1 and seconds > 0 and math.isfinite(rows) and math.isfinite(seconds)):
+        return table
+    bucket = round(math.log2(rows))
+    out, merged = [], False
+    for r, s in table:
+        if round(math.log2(r)) == bucket:
+            r, s, merged = r + (rows - r) * weight, s + (seconds - s) * weight, True
+        out.append((r, s))
+    if not merged:
+        out.append((rows, seconds))
+    return tuple(sorted(out))
+
+
 def merge_buckets(histograms: list[tuple[tuple[float, float], ...]]) -> tuple[tuple[float, float], ...]:
     """Sum histograms that share bucket bounds (replicas of one function)."""
     histograms = [h for h in histograms if h]
@@ -139,6 +185,11 @@ class MetricsSnapshot:
     cold_start_s: float | None = None  # last measured, for cold-start-aware policies
     slice_fraction: float | None = None  # the share of a device new replicas get now
     service_s: float | None = None  # executor seconds per answered request over the window
+    # latency of a batch by its rows on this function's slice, ((rows, seconds), ...), 1 row
+    # first and the largest batch last; learned from the replicas' batches (learn_batch_latency).
+    # Empty while unknown or for a model that does not batch.
+    batch_latency_s: tuple[tuple[float, float], ...] = ()
+    over_slo: float = 0.0  # fraction of the window's answered requests slower than the function's SLO
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

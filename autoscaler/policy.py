@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from autoscaler.metrics import MetricsSnapshot
 from functions.spec import ScalingSpec
@@ -58,6 +58,13 @@ class PolicyConfig:
     slo_target_pct: float = 80.0  # aim p95 at 80 % of the SLO
     slo_max_boost: float = 2.0  # p95 over target raises the need by at most 2x
     max_duty: float = 0.9  # how hot replicas may run while p95 has headroom
+    batch_latency_share: float = 0.5  # a batch may take this share of the p95 target (the rest: waiting for one)
+    rate_window_s: float = 5.0  # the work view reads the request rate averaged (EWMA) over this
+    miss_budget: float = 0.001  # error budget: at most 0.1 % of requests slower than the SLO
+    budget_window_s: float = 30.0  # misses are judged over windows this long
+    budget_clean_windows: int = 10  # a spare replica goes after this many windows in a row ...
+    budget_clean_share: float = 0.25  # ... under this share of the budget
+    max_spare: int = 4  # spare replicas the error budget may add
     headroom_pct: float = 50.0  # p95 at or below this share of its target is headroom
     trend_window_s: float = 30.0  # forecast: slope of the need over this window
     trend_max_boost: float = 1.5  # the trend may raise the need by at most 1.5x
@@ -73,7 +80,10 @@ class PolicyConfig:
     min_slice: float = 0.125
     max_slice: float = 1.0
 
+    kept_s: float = field(init=False, repr=False, compare=False, default=0.0)  # the longest window, derived
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kept_s", max(self.burst_window_s, self.scale_down_delay_s, self.trend_window_s))
         for f in fields(self):
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -84,6 +94,8 @@ class PolicyConfig:
         if not 0 < self.max_duty <= 1 or not 0 <= self.headroom_pct < 100:
             raise ValueError(f"max_duty ({self.max_duty}) must be within (0, 1] and headroom_pct "
                              f"({self.headroom_pct}) within [0, 100)")
+        if not 0 < self.batch_latency_share <= 1:
+            raise ValueError(f"batch_latency_share ({self.batch_latency_share}) must be within (0, 1]")
         if not 0 < self.slo_target_pct <= 100:
             raise ValueError(f"slo_target_pct ({self.slo_target_pct}) must be within (0, 100]")
         if self.slo_max_boost < 1 or self.trend_max_boost < 1:
@@ -94,6 +106,9 @@ class PolicyConfig:
             raise ValueError(f"min_slice ({self.min_slice}) must be > 0 and <= max_slice ({self.max_slice}) <= 1")
         if self.slice_window_s <= 0:
             raise ValueError(f"slice_window_s ({self.slice_window_s}) must be > 0")
+        if not 0 < self.miss_budget < 1 or self.budget_window_s <= 0:
+            raise ValueError(f"miss_budget ({self.miss_budget}) must be within (0, 1) and budget_window_s "
+                             f"({self.budget_window_s}) > 0")
         if not isinstance(self.onsets_kept, int) or self.onsets_kept < 3:
             raise ValueError(f"onsets_kept ({self.onsets_kept}) must be >= 3 (two gaps to compare)")
 
@@ -111,6 +126,11 @@ class PolicyState:
     duty_last: float | None = None  # latest sample
     slice_fraction: float | None = None  # the slice this policy last asked for
     slice_at: float | None = None
+    rate_avg: float | None = None  # EWMA of the request rate (time constant rate_window_s)
+    rate_at: float | None = None  # its last sample
+    budget: "Budget | None" = None  # the error budget's window and spare replicas
+    served: float = 0.0  # requests answered in the budget's window so far
+    served_over: float = 0.0  # those slower than the SLO
 
 
 def decide(
@@ -120,14 +140,18 @@ def decide(
     current = snapshot.ready + snapshot.starting
     active = snapshot.demand > 0 or snapshot.rps > 0
     last_active_at, onsets = _activity(state, active, now, config)
-    need = estimate_need(snapshot, spec, config)
+    budget, served, served_over = _budget_sample(state, snapshot, now, config)
+    rate_avg, rate_at = _rate_sample(state, snapshot, now, config)
+    need = estimate_need(snapshot, spec, config, rate_avg)
+    if budget.spare and need.replicas > 0 and snapshot.ready:
+        need = Need(need.replicas + budget.spare, "budget", (need.replicas, budget.spare, budget.last_over))
     # a backlog held through a cold start is not a need to remember: the burst window
     # would carry it past the first measured work
     held_through_start = snapshot.ready == 0 and current > 0 and need.by == "concurrency"
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
-                        state.slice_fraction, state.slice_at)
+                        state.slice_fraction, state.slice_at, rate_avg, rate_at, budget, served, served_over)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -150,10 +174,13 @@ class Need:
             return f"work {a[0]:.2f} / duty {a[1]:.2f}"
         if self.by == "concurrency":
             return f"{a[0]:g} in flight / {a[1]:g}"
+        if self.by == "budget":
+            return f"{a[0]:.2f} + {a[1]:g} spare: {a[2]:.2%} of requests over the SLO in the last window"
         return f"p95 {a[0] * 1000:.0f} ms over {a[1] * 1000:.0f} ms: x{a[2]:.2f}"
 
 
-def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig) -> Need:
+def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig,
+                  rate: float | None = None) -> Need:
     """Replicas the load needs now: the measured work over a duty target that depends on
     how much latency headroom there is, or more when queueing or the SLO says so.
 
@@ -165,26 +192,51 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
       fewer, fuller replicas; at the target it is the spec's target_duty (0.7); linear
       between, and the spec's when no p95 is known. E.g. 1.2 / 0.9 = 1.33 with headroom,
       1.2 / 0.7 = 1.71 without;
+    - a model that batches (snapshot.batch_latency_s, two sizes or more): its work is the
+      load at the largest batch that takes at most batch_latency_share (half) of the p95
+      target, the rest left for waiting on the batch before; e.g. ((1, 4), (8, 6), (32, 14))
+      ms, SLO 100 ms (target 80, half 40): 32 rows in 14 ms, so 1,000/s is 1000 x 0.014 / 32
+      = 0.44 busy seconds per second. Its duty says little (a batcher takes what is queued,
+      so it reads high at any load) and its cost per request falls as batches fill, so a
+      need from the duty of replicas running small batches would keep them small;
     - concurrency (Little's law), the function's own target per replica: in flight
       and held / target per replica, e.g. 9 / 4 = 2.25 (executor time misses decoding
       and queueing, so this view stands on its own; a backlog held through a cold start
-      is not remembered, see decide());
+      is not remembered, see decide()). For a model that batches the target is at least
+      what one replica finishes within the p95 target at full batches, e.g. 32 rows per
+      14 ms x 80 ms = 183;
     - SLO: p95 over its target raises the work view by p95 / target, at most
       slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57.
     """
     # plain comparisons rather than max()/min(): this runs for every function on every tick
-    measured = snapshot.rps * snapshot.service_s if snapshot.service_s else 0.0
-    duty_sum = sum(snapshot.duty)
-    if duty_sum > measured:
-        measured = duty_sum
+    rps = snapshot.rps if rate is None else rate
     slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+    target_concurrency = spec.target_concurrency
+    batched = full_batch(snapshot.batch_latency_s, slo_target_s * config.batch_latency_share)
+    if batched is not None and rps > 0:
+        # a batching replica's work is its load at full batches: its duty reads high at any load
+        # (it takes what is queued), and the fewer replicas, the fuller and cheaper each batch
+        rows, seconds = batched
+        measured = rps * seconds / rows
+        per_replica = rows * slo_target_s / seconds  # requests one replica finishes within the target
+        if per_replica > target_concurrency:
+            target_concurrency = per_replica
+    else:
+        measured = rps * snapshot.service_s if snapshot.service_s else 0.0
+        duty_sum = sum(snapshot.duty)
+        if duty_sum > measured:
+            measured = duty_sum
+        if snapshot.service_s:
+            per_replica = slo_target_s / snapshot.service_s  # requests one replica finishes within the target
+            if per_replica > target_concurrency:
+                target_concurrency = per_replica
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
     by_work = measured / duty_target
     demand = snapshot.inflight + snapshot.activator_queue
-    by_concurrency = demand / spec.target_concurrency
+    by_concurrency = demand / target_concurrency
     if by_concurrency > by_work:
-        best = Need(by_concurrency, "concurrency", (demand, spec.target_concurrency))
+        best = Need(by_concurrency, "concurrency", (demand, target_concurrency))
     else:
         best = Need(by_work, "work", (measured, duty_target))
     if ratio is not None and ratio > 1 and measured > 0:
@@ -192,6 +244,27 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
         if by_work * boost > best.replicas:
             best = Need(by_work * boost, "slo", (snapshot.p95_s, slo_target_s, boost))
     return best
+
+
+def full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
+    """The largest batch whose latency fits `budget_s`, as (rows, seconds), interpolated
+    between the measured sizes and whole; None for a model that does not batch (fewer than
+    two sizes known). Batch 1 always fits: a model slower than its budget still runs.
+    E.g. ((1, .004), (8, .006), (32, .014)) within 10 ms: 8 + (10 - 6) / (14 - 6) x 24 = 20
+    rows in 10 ms; within 40 ms: 32 rows in 14 ms."""
+    if len(latency) < 2:
+        return None
+    rows, seconds = latency[0]
+    for (r0, s0), (r1, s1) in zip(latency, latency[1:]):
+        if s1 <= budget_s:
+            rows, seconds = r1, s1
+            continue
+        if s0 <= budget_s and s1 > s0:
+            whole = math.floor(r0 + (budget_s - s0) / (s1 - s0) * (r1 - r0))
+            if whole > rows:
+                rows, seconds = whole, s0 + (whole - r0) / (r1 - r0) * (s1 - s0)
+        break
+    return float(rows), float(seconds)
 
 
 def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -> float:
@@ -214,7 +287,7 @@ def record_need(state: PolicyState, now: float, need: float, config: PolicyConfi
 
 def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
                 config: PolicyConfig) -> tuple[tuple[float, float], ...]:
-    cutoff = now - max(config.burst_window_s, config.scale_down_delay_s, config.trend_window_s) - EPS
+    cutoff = now - config.kept_s - EPS
     first_inside = bisect.bisect_right(needs, cutoff, key=_time_of)  # needs are in time order
     return needs[max(0, first_inside - 1):] + ((now, need),)
 
@@ -317,12 +390,15 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         # replicas for a backlog whose work is not known yet would come as late
         return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
     burst = window_max(state.needs, now, config.burst_window_s)
-    trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config)
+    # the trend is at most the latest need x trend_max_boost: below the current count it cannot matter
+    latest = state.needs[-1][1] if state.needs else 0.0
+    trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
+        if _ceil(latest * config.trend_max_boost) > current else 0.0
     up = _ceil(burst if burst > trend else trend)
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
-            reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by == "slo" else "BURST")
+            reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by in ("slo", "budget") else "BURST")
             detail = (f"trend {trend:.2f} over the next {lead_s(snapshot, config) + 1:.0f} s" if reason == "FORECAST"
                       else f"need {burst:.2f} replicas ({need.detail})")
             return ScaleDecision(desired, reason, detail), state
@@ -420,6 +496,61 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if decision.reason in ("STABLE", "HOLD"):
         hinted = replace(hinted, reason="SLICE")
     return hinted, replace(state, slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The error budget's window (begun at `since`), the spare replicas it holds, how many
+    windows in a row stayed well inside it, and the fraction over the SLO in the last one.
+    It changes only when a window ends; the requests of the running window are counted in
+    PolicyState.served and served_over."""
+
+    since: float
+    spare: int = 0
+    clean: int = 0
+    last_over: float = 0.0
+
+
+def _budget_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
+                   config: PolicyConfig) -> tuple[Budget, float, float]:
+    """(budget, served, served_over) after this snapshot. Its requests are rps x the time
+    since the last look, with the snapshot's fraction of them over the SLO; at the end of
+    each budget window, over miss_budget adds a spare replica (at most max_spare), and
+    budget_clean_windows in a row under budget_clean_share of it take one away.
+    What KPA and Ray Serve never look at: whether requests actually met their SLO, so a
+    function whose bursts its replicas absorb on average but not in the tail gets the
+    replica its tail needs. E.g. 30,000 requests in a window, 60 over: 0.2 % > 0.1 % -> +1."""
+    budget = state.budget
+    if budget is None or state.rate_at is None:
+        return Budget(now), 0.0, 0.0
+    served = snapshot.rps * (now - state.rate_at) if snapshot.ready else 0.0
+    requests, over = state.served + served, state.served_over + served * snapshot.over_slo
+    if now - budget.since < config.budget_window_s - EPS:
+        return budget, requests, over
+    fraction = over / requests if requests > 0 else 0.0
+    spare, clean = budget.spare, budget.clean
+    if fraction > config.miss_budget:
+        spare, clean = min(spare + 1, config.max_spare), 0
+    elif fraction < config.miss_budget * config.budget_clean_share:
+        clean += 1
+        if clean >= config.budget_clean_windows and spare:
+            spare, clean = spare - 1, 0
+    else:
+        clean = 0
+    return Budget(now, spare, clean, fraction), 0.0, 0.0
+
+
+def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
+                 config: PolicyConfig) -> tuple[float, float]:
+    """(rate_avg, rate_at) after this snapshot: an EWMA of requests per second, time
+    constant rate_window_s, where a sample dt after the last weighs 1 - exp(-dt / tau);
+    the first sample is taken as it is. E.g. average 1,000, 1 s later 2,000 with tau 5 s:
+    1000 + 1000 x (1 - e^-0.2) = 1,181."""
+    if state.rate_avg is None or state.rate_at is None:
+        return snapshot.rps, now
+    since = now - state.rate_at
+    weight = 1.0 - math.exp(-(since if since > 0.0 else 0.0) / config.rate_window_s)
+    return state.rate_avg + (snapshot.rps - state.rate_avg) * weight, now
 
 
 def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,

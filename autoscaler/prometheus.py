@@ -39,6 +39,8 @@ GAUGES = {  # metric name -> ReplicaStat field
     "shoal_replica_busy_seconds_total": "busy_s",
     "shoal_replica_model_load_seconds": "model_load_s",
     "shoal_replica_stalled_seconds": "stalled_s",
+    "shoal_replica_batch_size_count": "batches",
+    "shoal_replica_batch_size_sum": "batch_rows",
 }
 NAMES = (REQUESTS, BUCKETS, *GAUGES)
 

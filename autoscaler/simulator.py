@@ -24,8 +24,8 @@ its departures follow d_r = max(a_r, d_(r-1)) + S, i.e. d_r = (r+1) S + max(free
 cummax(a_r - r S)). All servers of all functions are solved with one segmented
 cummax per tick (numpy), which is what makes an hour of 10,000 functions fit in a
 minute. Approximations, the same for every policy: one service time per function
-per tick (batch size from the tick's load per replica, latency from the
-function's batch profile, scaled by the slice's compute share); a request over
+per tick (batch size from the tick's load per replica, see `batch_size`, latency
+from the function's batch profile, scaled by the slice's compute share); a request over
 the timeout is counted as timed out but still occupies its replica; a removed
 replica's queued requests finish (its slice is charged until they do).
 
@@ -53,6 +53,7 @@ from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDe
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
+BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
 
@@ -300,6 +301,9 @@ class Simulation:
             groups.setdefault(p.latency_ms, []).append(i)
         self._lat_tables = [(np.array(ix), np.array([b for b, _ in key], float), np.array([m for _, m in key]) / 1000.0)
                             for key, ix in groups.items()]
+        self._lat_group = np.empty(n, np.int64)  # each function's index in _lat_tables
+        for g, (ix, _, _) in enumerate(self._lat_tables):
+            self._lat_group[ix] = g
         self.cluster = SliceCluster(config.devices())
         self.servers = _Servers()
         self.slots: list[list[int]] = [[] for _ in range(n)]
@@ -309,12 +313,16 @@ class Simulation:
         self.held: dict[int, list[float]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
+        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
+        self._batch_of: dict[int, tuple[tuple[float, float], ...]] = {}  # per function, until its slice changes
+        self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
         self.tick_lat = np.zeros(n)
         self.tick_busy = np.zeros(n)
         self.tick_p95 = np.full(n, np.nan)
+        self.tick_over = np.zeros(n)  # requests over their SLO
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
         self.requests = self.served = self.within_slo = self.timed_out = 0
@@ -430,6 +438,7 @@ class Simulation:
         self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
         self.tick_p95[:] = np.nan
+        self.tick_over[:] = 0.0
         if len(a) == 0:
             return
         dt = self.config.tick_s
@@ -441,7 +450,7 @@ class Simulation:
         slots = np.flatnonzero(srv.alive)
         slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]  # by function, earliest free first
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
-        service, latency_extra = self._service_times(n_f, slots, dt)
+        service, latency_extra = self._service_times(n_f, slots, t0, dt)
         # the interleaved solution is exact when the servers' free times (none earlier than the
         # first request) lie within one service time of each other; otherwise (a replica still
         # starting, or a new one beside busy ones) the function is served one request at a time
@@ -502,25 +511,56 @@ class Simulation:
                 srv.free[slot] = free
         return f, latency, service[f]
 
-    def _service_times(self, n_f: np.ndarray, slots: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    def _service_times(self, n_f: np.ndarray, slots: np.ndarray, t0: float, dt: float) -> tuple[np.ndarray, np.ndarray]:
         """Per function: seconds a request occupies a replica, and the rest of its batch's latency.
-        Batch size from the load: b = ceil(arrivals per replica per second x batch latency),
-        within [1, max batch]; e.g. 400/s on 2 replicas of 4 ms -> ceil(200 x 0.004) = 1."""
+        The batch size is `batch_size`'s rule for what each serving replica has to do in the
+        tick: the tick's arrivals plus the backlog its replicas carry in (their work past t0
+        over the last tick's occupancy), over the replicas that serve in the tick (one ready
+        for a part of it counts for that part; one still starting does not batch for the
+        others). E.g. 400/s on 2 ready replicas of 4 ms, nothing queued ->
+        ceil(200 x 0.004 / 0.8) = 1; with 100 requests still queued on them -> 250/s each
+        for the batch rule: ceil(250 x .004 / .8) = 2."""
         srv = self.servers
-        speed_sum = np.bincount(srv.fid[slots], weights=srv.speed[slots], minlength=len(self.profiles))
+        n = len(self.profiles)
+        fid = srv.fid[slots]
+        speed_sum = np.bincount(fid, weights=srv.speed[slots], minlength=n)
         speed = np.where(self.n_srv > 0, speed_sum / np.maximum(self.n_srv, 1), 1.0)
-        per_replica = n_f / np.maximum(self.n_srv, 1) / dt
-        batch = np.ones(len(self.profiles))
-        for _ in range(2):
-            batch = np.clip(np.ceil(per_replica * self._latency_s(batch)), 1, self.max_batch)
+        ready_at = srv.ready_at[slots]
+        serving = np.bincount(fid, weights=np.clip((t0 + dt - ready_at) / dt, 0.0, 1.0), minlength=n)
+        backlog_s = np.bincount(fid, weights=np.maximum(srv.free[slots] - np.maximum(ready_at, t0), 0.0), minlength=n)
+        queued = backlog_s / self._occupancy
+        per_replica = (n_f + queued) / np.where(serving > 0.05, serving, np.maximum(self.n_srv, 1)) / dt
+        batch = np.ones(n)
+        # only functions that batch and have work iterate (most of a large population is idle in a tick)
+        busy = np.flatnonzero((per_replica > 0) & (self.max_batch > 1))
+        if len(busy):
+            load = per_replica[busy] * speed[busy] / BATCH_FILL  # arrivals per second of batch latency, over the fill
+            top, b = self.max_batch[busy], np.ones(len(busy))
+            for _ in range(int(top.max())):  # rises to its fixed point; one step per size at most
+                wanted = np.minimum(np.maximum(np.ceil(load * self._latency_s(b, busy) - 1e-9), b), top)
+                if (wanted == b).all():
+                    break
+                b = wanted
+            batch[busy] = b
         lat = self._latency_s(batch) * speed
         occupancy = lat / batch
+        self._occupancy = occupancy
         return occupancy, lat - occupancy
 
-    def _latency_s(self, batch: np.ndarray) -> np.ndarray:
-        out = np.empty(len(self.profiles))
-        for ix, sizes, secs in self._lat_tables:
-            out[ix] = np.interp(batch[ix], sizes, secs)
+    def _latency_s(self, batch: np.ndarray, of: np.ndarray | None = None) -> np.ndarray:
+        """Batch latency per function at `batch` rows (on the profile's reference slice);
+        with `of`, `batch` is for those functions only."""
+        if of is None:
+            out = np.empty(len(self.profiles))
+            for ix, sizes, secs in self._lat_tables:
+                out[ix] = np.interp(batch[ix], sizes, secs)
+            return out
+        out = np.empty(len(of))
+        group = self._lat_group[of]
+        for g, (_, sizes, secs) in enumerate(self._lat_tables):
+            mask = group == g
+            if mask.any():
+                out[mask] = np.interp(batch[mask], sizes, secs)
         return out
 
     def _account(self, f: np.ndarray, latency: np.ndarray, s: np.ndarray, n_f: np.ndarray) -> None:
@@ -533,6 +573,7 @@ class Simulation:
         self.tick_n[:] = n_f
         self.tick_lat[:] = np.bincount(f, weights=latency, minlength=n)
         self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
+        self.tick_over[:] = np.bincount(f[~ok], minlength=n)
         # p95 per function: sort by (function, latency), take rank ceil(0.95 n) - 1
         order = np.lexsort((latency, f))
         present = np.flatnonzero(n_f)
@@ -556,16 +597,16 @@ class Simulation:
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
         tick = zip(live.tolist(), ready[live].tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
-                   self.tick_busy[live].tolist(), self.tick_p95[live].tolist())
+                   self.tick_busy[live].tolist(), self.tick_p95[live].tolist(), self.tick_over[live].tolist())
         held = self.held
-        for fid, r, n, lat, busy, p95 in tick:
-            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95), ready=r)
+        for fid, r, n, lat, busy, p95, over in tick:
+            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95, over), ready=r)
         for fid in [x for x in self.held if self.n_srv[x] == 0]:
             self._decide(fid, t1, activator_queue=len(self.held[fid]))
 
     def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
-                measured: tuple[float, float, float, float] | None = None, ready: int | None = None) -> None:
-        """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95),
+                measured: tuple[float, float, float, float, float] | None = None, ready: int | None = None) -> None:
+        """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95, over the SLO),
         read from the tick arrays when not given; `ready`: its replicas ready at `now`."""
         dt = self.config.tick_s
         srv = self.servers
@@ -581,8 +622,8 @@ class Simulation:
         else:
             if measured is None:
                 measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),
-                            float(self.tick_p95[fid]))
-            n, lat, busy, p95 = measured
+                            float(self.tick_p95[fid]), float(self.tick_over[fid]))
+            n, lat, busy, p95, over = measured
             duty = busy / (ready * dt) if ready else 0.0
             if duty > 1.0:
                 duty = 1.0
@@ -592,6 +633,7 @@ class Simulation:
                 duty=(duty,) * ready, rps=n / dt, p95_s=None if p95 != p95 else p95,  # NaN: no request
                 service_s=busy / n if n else None,
                 cold_start_s=cold, slice_fraction=float(self.func_slice[fid]),
+                batch_latency_s=self._batch_latency(fid), over_slo=over / n if n else 0.0,
             )
         decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
         self._apply(fid, decision, now)
@@ -605,9 +647,24 @@ class Simulation:
             if wake is not None and wake > now:
                 heapq.heappush(self.wakes, (wake, fid))
 
+    def _batch_latency(self, fid: int) -> tuple[tuple[float, float], ...]:
+        """The profile's batch latencies on the function's slice, as the controller learns
+        them from a replica's batches (what a real policy knows after some traffic)."""
+        table = self._batch_of.get(fid)
+        if table is None:
+            profile, fraction = self.profiles[fid], float(self.func_slice[fid])
+            key = (profile.latency_ms, profile.ref_slice / fraction)
+            table = self._batch_tables.get(key)
+            if table is None:
+                table = tuple((float(b), ms / 1000.0 * key[1]) for b, ms in profile.latency_ms)
+                table = self._batch_tables[key] = table if len(table) > 1 else ()
+            self._batch_of[fid] = table
+        return table
+
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
         if decision.slice_fraction is not None:
             self.func_slice[fid] = decision.slice_fraction
+            self._batch_of.pop(fid, None)
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return
@@ -678,6 +735,25 @@ def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float) -> dict[
     return out
 
 
+def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int, fill: float = BATCH_FILL) -> int:
+    """Rows per batch a dynamic batcher runs at `rate` requests per second on one replica:
+    the smallest batch that keeps the replica at most `fill` occupied, within [1, max_batch].
+    A batcher takes what is queued when its replica frees, so a load that would keep it
+    busier than that builds a queue, and the queue makes the batches larger. The rule is
+    b = ceil(rate x latency(b) / fill), iterated from 1 to its fixed point (latency grows
+    with b, so the iteration only rises). E.g. ((1, 4), (8, 6), (32, 14)) ms at 250/s:
+    ceil(250 x .004 / .8) = 2, lat(2) = 4.29 ms -> ceil(1.34) = 2: batch 2 (4.29 ms for 2
+    rows, 54 % occupied; batch 1 would be 100 %). Simulation._service_times applies the
+    same rule to every function at once."""
+    b = 1
+    for _ in range(max_batch):
+        wanted = min(max_batch, max(b, math.ceil(rate * latency_s(b) / fill - 1e-9)))
+        if wanted == b:
+            break
+        b = wanted
+    return b
+
+
 def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float) -> int:
     n = len(a)
     slo = profile.slo_ms / 1000.0
@@ -685,9 +761,7 @@ def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float) -> int:
     secs = np.array([m for _, m in profile.latency_ms]) / 1000.0
 
     def meets(c: int) -> bool:
-        b = 1.0  # the batch size rule of Simulation._service_times
-        for _ in range(2):
-            b = min(profile.max_batch, max(1.0, math.ceil(n / c / tick_s * float(np.interp(b, sizes, secs)))))
+        b = batch_size(n / c / tick_s, lambda x: float(np.interp(x, sizes, secs)), profile.max_batch)
         lat = float(np.interp(b, sizes, secs))
         s = lat / b
         if n * s > c * tick_s:

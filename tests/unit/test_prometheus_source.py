@@ -10,6 +10,7 @@ same replica (range selector, three scrapes one second apart, the last one = the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -47,7 +48,10 @@ def _series(name: str, *values: tuple[float, str], **labels: str) -> dict:
 
 def test_recorded_answer_maps_to_what_the_page_parses_to():
     stat = stat_from_query(ANSWER["data"], "digits-1")
-    assert stat == parse_replica_metrics(PAGE, "digits-1", at=LAST_SCRAPE)
+    # recorded before the query took the batch-size histogram's count and sum along: the
+    # page has them, the answer does not (test_batch_series_are_read covers them)
+    page = dataclasses.replace(parse_replica_metrics(PAGE, "digits-1", at=LAST_SCRAPE), batches=0.0, batch_rows=0.0)
+    assert stat == page
     # the numbers of that scrape, as a reader would check them on the page
     assert (stat.completed, stat.errors, stat.busy_s) == (654.0, 0.0, 0.10972575002597296)
     assert stat.latency_buckets[-1] == (math.inf, 654.0) and len(stat.latency_buckets) == 16
@@ -119,10 +123,10 @@ def test_stat_from_query(data, expected):
 
 @pytest.mark.parametrize("instance, lookback_s, expected", [
     pytest.param("127.0.0.1:9001", 60.0, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds)",instance="127.0.0.1:9001"}[60000ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum)",instance="127.0.0.1:9001"}[60000ms]',
                  id="one selector for every series"),
     pytest.param('a"b', 0.0001, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds)",instance="a\\"b"}[1ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum)",instance="a\\"b"}[1ms]',
                  id="quotes escaped, at least 1 ms"),
 ])
 def test_replica_query(instance, lookback_s, expected):
@@ -270,3 +274,14 @@ def test_metrics_source_options(argv, expected):
 def test_metrics_source_options_refused(source, url, message):
     with pytest.raises(ValueError, match=message):
         metrics_source_url(source, url)
+
+
+def test_batch_series_are_read():
+    """The batch-size histogram's count and sum become the stat's batches and rows."""
+    data = _data(_series("shoal_replica_batch_size_count", (100.0, "40")),
+                 _series("shoal_replica_batch_size_sum", (100.0, "190")),
+                 _series("shoal_replica_busy_seconds_total", (100.0, "0.2")))
+    stat = stat_from_query(data, "r")
+    assert (stat.batches, stat.batch_rows, stat.busy_s) == (40.0, 190.0, 0.2)
+    assert "batch_size_count" in replica_query("127.0.0.1:9001", 60) and "batch_size_sum" in replica_query(
+        "127.0.0.1:9001", 60)

@@ -145,12 +145,12 @@ SERVE_CASES = [
     # a half-GPU slice of a profile measured on a quarter: speed 0.25/0.5 -> 5 ms; 5, 10
     ("bigger-slice-faster", [0, 0], 1, Profile("half", ((1, 10.0),), 0.5, 0.25, cold_start_s=0.0, slo_ms=1000),
      [5, 10]),
-    # batching: 200 at once on 1 replica of ((1,10),(8,20)) ms. Batch rule: b = ceil(200/s x lat(b)),
-    # b0=1: ceil(200 x .010)=2, lat(2)=10+10/7=11.43; ceil(200 x .01143)=ceil(2.29)=3, lat(3)=90/7=12.86 ms.
-    # A request occupies 90/7/3 = 30/7 ms, the rest of the batch latency is 60/7 ms:
-    # request k (0-based) takes (k+1) x 30/7 + 60/7 ms (first 90/7 = 12.86, last 865.7)
-    ("batch-of-3", [0] * 200, 1, Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000),
-     [(k + 1) * 30 / 7 + 60 / 7 for k in range(200)]),
+    # batching: 200 at once on 1 replica of ((1,10),(8,20)) ms. batch_size, fill 0.8: b = ceil(200/s x
+    # lat(b) / 0.8), b0=1: ceil(200 x .010 / .8)=3, lat(3)=90/7=12.86; ceil(200 x .01286 / .8)=ceil(3.21)=4,
+    # lat(4)=100/7=14.29 ms; ceil(3.57)=4. A request occupies 100/7/4 = 25/7 ms, the rest of the batch
+    # latency is 75/7 ms: request k (0-based) takes (k+1) x 25/7 + 75/7 ms (first 100/7 = 14.29, last 725)
+    ("batch-of-4", [0] * 200, 1, Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000),
+     [(k + 1) * 25 / 7 + 75 / 7 for k in range(200)]),
 ]
 
 
@@ -218,7 +218,7 @@ def serve_inputs(sim, a, f):
     slots = np.flatnonzero(srv.alive)
     slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]
     offset = np.searchsorted(srv.fid[slots], np.arange(len(sim.profiles)))
-    service, extra = sim._service_times(n_f, slots, sim.config.tick_s)
+    service, extra = sim._service_times(n_f, slots, 0.0, sim.config.tick_s)
     return a, f, slots, offset, service, extra
 
 
@@ -368,12 +368,12 @@ FEWEST_CASES = [
     # 1 ms apart, 10 ms each: one replica finishes the 2nd at 20 ms, 19 ms after it came
     ("two-close-slo-15", [0.0, 0.001], ((1, 10.0),), 15, 2),
     ("two-close-slo-20", [0.0, 0.001], ((1, 10.0),), 20, 1),
-    # the work rule: 300 evenly over the tick on ((1,10),(8,20)) ms, SLO 10 s (never binding).
-    # low = ceil(300 x .010 / 8) = 1. c=1: b = ceil(300 x .010) = 3 (12.86 ms), then
-    # ceil(300 x .01286) = 4: lat(4) = 10 + 30/7 = 14.29 ms, 3.57 ms a request: 300 x 3.57 ms =
-    # 1.07 s of work > 1 s -> no. c=2: b = ceil(150 x .010) = 2 (11.43 ms), ceil(150 x .01143) = 2:
-    # 5.71 ms a request, 300 x 5.71 = 1.71 s <= 2 s -> 2
-    ("work-rule", [k / 300 for k in range(300)], BATCHY, 10_000, 2),
+    # the work rule: 1,000 evenly over the tick on ((1,10),(8,20)) ms, SLO 10 s (never binding).
+    # batch_size at 1000/c per second, fill 0.8: c=1: ceil(1000 x .010 / .8) = 13 -> 8 (20 ms),
+    # 2.5 ms a request: 2.5 s of work > 1 s -> no. c=2: 500/s: ceil(6.25) = 7 (18.57 ms),
+    # ceil(500 x .01857 / .8) = 12 -> 8: 2.5 ms a request, 2.5 s > 2 s -> no. c=3: 333/s:
+    # ceil(4.17) = 5 (15.71 ms), ceil(6.55) = 7 (18.57 ms), ceil(7.74) = 8: 2.5 s <= 3 s -> 3
+    ("work-rule", [k / 1000 for k in range(1000)], BATCHY, 10_000, 3),
 ]
 
 
@@ -385,16 +385,19 @@ def test_fewest_replicas(arrivals, latency_ms, slo_ms, expected):
 
 
 def test_work_rule_decides_where_latency_alone_would_not():
-    """The work-rule case above: one replica would keep every request far inside the 10-s SLO
-    (FIFO over 300 requests 3.33 ms apart, 3.57 ms each, + 10.71 ms of batch: under 0.1 s)."""
-    a = [k / 300 for k in range(300)]
-    lat, s = (10 + 30 / 7) / 1000, (10 + 30 / 7) / 4 / 1000
-    done, worst = 0.0, 0.0
-    for t in a:
-        done = max(done, t) + s
-        worst = max(worst, done - t + lat - s)
-    assert worst < 0.1
-    assert 300 * s > 1.0  # more work than the tick holds
+    """The work-rule case above: two replicas would keep every request far inside the 10-s
+    SLO (each takes every other request, 2 ms apart, 2.5 ms each, + 17.5 ms of batch:
+    under 0.3 s), but the tick's work does not fit in two."""
+    a = [k / 1000 for k in range(1000)]
+    lat, s = 0.020, 0.020 / 8
+    worst = 0.0
+    for server in (a[0::2], a[1::2]):
+        done = 0.0
+        for t in server:
+            done = max(done, t) + s
+            worst = max(worst, done - t + lat - s)
+    assert worst < 0.3
+    assert 1000 * s > 2 * 1.0  # more work than two replicas hold in the tick
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

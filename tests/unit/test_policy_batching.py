@@ -1,0 +1,312 @@
+"""What Shoal's policy does beyond duty and concurrency, table-driven on a fake clock:
+the work of a model that batches (at full batches, from its measured batch latencies),
+the request rate averaged over rate_window_s, the error budget (requests over the SLO
+add a spare replica), and the pieces they use from autoscaler.metrics and the
+simulator (fraction_over, batch_size). Unless a case says otherwise: ScalingSpec() =
+SLO p95 100 ms (target 80 % = 80 ms, half of it 40 ms for a batch), target duty 0.7,
+target concurrency 4, max 8 replicas; PolicyConfig() defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoscaler.metrics import MetricsSnapshot, fraction_over, learn_batch_latency, parse_replica_metrics
+from autoscaler.policy import (
+    DEFAULT_CONFIG,
+    Budget,
+    PolicyConfig,
+    PolicyState,
+    _budget_sample,
+    _rate_sample,
+    decide,
+    estimate_need,
+    full_batch,
+)
+from autoscaler.simulator import batch_size
+from functions.spec import ScalingSpec
+
+SPEC = ScalingSpec()
+CFG = DEFAULT_CONFIG
+RESNET = ((1.0, 0.004), (8.0, 0.006), (32.0, 0.014))  # rows, seconds per batch
+WHISPER = ((1.0, 0.030), (4.0, 0.045))
+
+
+def snap(ready=1, rps=0.0, inflight=0.0, p95=None, service=None, batch=(), over=0.0, at=0.0, duty=None):
+    return MetricsSnapshot("f", at, ready=ready, inflight=inflight, rps=rps, p95_s=p95, service_s=service,
+                           duty=(0.0,) * ready if duty is None else duty, batch_latency_s=batch, over_slo=over)
+
+
+# ---------------------------------------------------------------------- full_batch
+
+FULL_BATCH_CASES = [
+    # id, latencies, budget s, expected (rows, seconds) or None
+    ("no-batching-one-size", ((1.0, 0.004),), 0.040, None),
+    ("unknown", (), 0.040, None),
+    ("all-fit-take-the-largest", RESNET, 0.040, (32.0, 0.014)),
+    # 8 + (10 - 6) / (14 - 6) x 24 = 20 rows, 6 + (20 - 8) / 24 x 8 = 10 ms
+    ("interpolated-whole", RESNET, 0.010, (20.0, 0.010)),
+    # 8 + (7 - 6) / 8 x 24 = 11 rows, 6 + 3 / 24 x 8 = 7 ms
+    ("interpolated-11", RESNET, 0.007, (11.0, 0.007)),
+    ("exactly-the-middle-size", RESNET, 0.006, (8.0, 0.006)),
+    # under 8's 6 ms: 1 + (5 - 4) / (6 - 4) x 7 = 4.5 -> 4 rows, 4 + 3 / 7 x 2 = 4.857 ms
+    ("between-1-and-8", RESNET, 0.005, (4.0, 0.004 + 3 / 7 * 0.002)),
+    ("slower-than-budget-runs-one", RESNET, 0.002, (1.0, 0.004)),
+    ("whisper-in-200-ms", WHISPER, 0.200, (4.0, 0.045)),
+]
+
+
+@pytest.mark.parametrize("latency, budget, expected", [c[1:] for c in FULL_BATCH_CASES],
+                         ids=[c[0] for c in FULL_BATCH_CASES])
+def test_full_batch(latency, budget, expected):
+    got = full_batch(latency, budget)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------- the need of a batching model
+
+BATCH_NEED_CASES = [
+    # id, snapshot, expected replicas, view
+    # 1,000/s at 32 rows per 14 ms: 1000 x 0.014 / 32 = 0.4375 busy s per s; p95 unknown: / 0.7 = 0.625
+    ("resnet-1000-per-s", snap(rps=1000, batch=RESNET), 0.4375 / 0.7, "work"),
+    # the duty of replicas running small batches reads high; it is not the work: (0.95 x 4) / 0.7 would be 5.4
+    ("duty-ignored-for-batchers", snap(ready=4, rps=1000, batch=RESNET, duty=(0.95,) * 4), 0.4375 / 0.7, "work"),
+    # p95 20 ms <= 40 ms: max duty 0.9: 0.4375 / 0.9
+    ("resnet-with-headroom", snap(rps=1000, batch=RESNET, p95=0.020), 0.4375 / 0.9, "work"),
+    # whisper 1,000/s, SLO 500 ms (target 400, half 200): 4 rows in 45 ms: 11.25 / 0.7 = 16.07
+    ("whisper", snap(rps=1000, batch=WHISPER), 11.25 / 0.7, "work"),
+    # one replica finishes 32 rows per 14 ms x 80 ms = 182.9 within the target: 400 in flight / 182.9 = 2.19
+    ("backlog-drained-at-full-batches", snap(rps=1000, inflight=400, batch=RESNET), 400 / (32 * 0.080 / 0.014),
+     "concurrency"),
+    # 100 in flight: 0.55 < 0.625: work
+    ("small-backlog-is-no-need", snap(rps=1000, inflight=100, batch=RESNET), 0.4375 / 0.7, "work"),
+    # p95 120 ms over 80: the SLO boost x1.5 on the work view: 0.625 x 1.5
+    ("slo-boost-applies", snap(rps=1000, batch=RESNET, p95=0.120), 0.4375 / 0.7 * 1.5, "slo"),
+    # no rate: the non-batching views (duty 0.35 / 0.7 = 0.5)
+    ("no-rate-falls-back", snap(batch=RESNET, duty=(0.35,)), 0.5, "work"),
+]
+
+
+@pytest.mark.parametrize("snapshot, replicas, by", [c[1:] for c in BATCH_NEED_CASES],
+                         ids=[c[0] for c in BATCH_NEED_CASES])
+def test_batching_need(snapshot, replicas, by):
+    spec = ScalingSpec(slo_p95_ms=500.0) if snapshot.batch_latency_s == WHISPER else SPEC
+    need = estimate_need(snapshot, spec, CFG)
+    assert need.replicas == pytest.approx(replicas)
+    assert need.by == by
+    assert need.detail
+
+
+def test_batching_needs_fewer_replicas_than_duty_would():
+    """The trap the batching view avoids: resnet at 1,000/s spread over 7 replicas runs
+    batches of 1 (4 ms each, 143/s each: duty 0.57), so duty says 7 x 0.57 / 0.7 = 5.7
+    replicas; at full batches the same load needs 0.625."""
+    spread = snap(ready=7, rps=1000, service=0.004, duty=(1000 / 7 * 0.004,) * 7)
+    without = estimate_need(spread, SPEC, CFG)
+    with_profile = estimate_need(MetricsSnapshot(**{**_fields(spread), "batch_latency_s": RESNET}), SPEC, CFG)
+    assert without.replicas == pytest.approx(4.0 / 0.7)
+    assert with_profile.replicas == pytest.approx(0.625)
+
+
+def _fields(s: MetricsSnapshot) -> dict:
+    return {f: getattr(s, f) for f in s.__dataclass_fields__}
+
+
+# ---------------------------------------------------------------------- the averaged rate
+
+RATE_CASES = [
+    # id, state (rate_avg, rate_at), rps now, now, expected (rate_avg, rate_at)
+    ("first-sample-as-is", (None, None), 700.0, 3.0, (700.0, 3.0)),
+    # 1000 + 1000 x (1 - e^-0.2) = 1181.27
+    ("one-second-later", (1000.0, 0.0), 2000.0, 1.0, (1000 + 1000 * (1 - math.exp(-0.2)), 1.0)),
+    # 5 s later (one time constant): 1000 + 1000 x (1 - e^-1) = 1632.1
+    ("one-tau-later", (1000.0, 0.0), 2000.0, 5.0, (1000 + 1000 * (1 - math.exp(-1)), 5.0)),
+    ("same-instant-unchanged", (1000.0, 4.0), 2000.0, 4.0, (1000.0, 4.0)),
+    ("falls-too", (1000.0, 0.0), 0.0, 1.0, (1000 * math.exp(-0.2), 1.0)),
+]
+
+
+@pytest.mark.parametrize("before, rps, now, expected", [c[1:] for c in RATE_CASES], ids=[c[0] for c in RATE_CASES])
+def test_rate_sample(before, rps, now, expected):
+    state = PolicyState(rate_avg=before[0], rate_at=before[1])
+    assert _rate_sample(state, snap(rps=rps), now, CFG) == pytest.approx(expected)
+
+
+def test_one_busy_second_moves_the_work_view_by_its_weight():
+    """Steady 1,000/s for 10 s, then one second of 2,000: the work view reads 1,181/s, not
+    2,000 (CV-4 traffic swings this much second to second without a change of load)."""
+    state = PolicyState()
+    for t in range(11):
+        _, state = decide(snap(rps=1000.0, batch=RESNET, at=float(t)), SPEC, state, float(t))
+    _, state = decide(snap(rps=2000.0, batch=RESNET, at=11.0), SPEC, state, 11.0)
+    assert state.rate_avg == pytest.approx(1000 + 1000 * (1 - math.exp(-0.2)))
+    assert state.needs[-1][1] == pytest.approx(state.rate_avg * 0.014 / 32 / 0.7)
+
+
+# ---------------------------------------------------------------------- the error budget
+
+BUDGET_CASES = [
+    # id, state before (budget, served, served_over, last look at), snapshot, now,
+    # expected (budget, served, served_over)
+    ("first-look-opens-a-window", (None, 0.0, 0.0, None), snap(rps=100), 5.0, (Budget(5.0), 0.0, 0.0)),
+    # 1,000/s for 1 s since the last look, 1 % over: counted, the window (30 s) not over
+    ("counts-inside-the-window", (Budget(0.0), 1000.0, 0.0, 9.0), snap(rps=1000, over=0.01), 10.0,
+     (Budget(0.0), 2000.0, 10.0)),
+    ("no-ready-replica-counts-nothing", (Budget(0.0), 1000.0, 0.0, 9.0), snap(ready=0, rps=1000, over=0.5), 10.0,
+     (Budget(0.0), 1000.0, 0.0)),
+    # window over at 30: (10 + 1000 x 0.01 = 20) / 30,000 = 0.067 % <= 0.1 %, >= 0.025 %: clean count reset
+    ("inside-the-budget", (Budget(0.0, spare=1, clean=3), 29000.0, 10.0, 29.0), snap(rps=1000, over=0.01), 30.0,
+     (Budget(30.0, spare=1, clean=0, last_over=20 / 30000), 0.0, 0.0)),
+    # (50 + 10) / 30,000 = 0.2 % > 0.1 %: a spare replica
+    ("over-the-budget-adds-one", (Budget(0.0), 29000.0, 50.0, 29.0), snap(rps=1000, over=0.01), 30.0,
+     (Budget(30.0, spare=1, last_over=60 / 30000), 0.0, 0.0)),
+    ("spare-capped", (Budget(0.0, spare=4), 29000.0, 50.0, 29.0), snap(rps=1000, over=0.01), 30.0,
+     (Budget(30.0, spare=4, last_over=60 / 30000), 0.0, 0.0)),
+    # 0 / 30,000 < 0.025 %: a clean window; the 10th in a row takes a spare away
+    ("clean-window-counted", (Budget(0.0, spare=2, clean=3), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
+     (Budget(30.0, spare=2, clean=4), 0.0, 0.0)),
+    ("tenth-clean-window-lets-one-go", (Budget(0.0, spare=2, clean=9), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
+     (Budget(30.0, spare=1, clean=0), 0.0, 0.0)),
+    ("no-spare-to-let-go", (Budget(0.0, clean=9), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
+     (Budget(30.0, clean=10), 0.0, 0.0)),
+]
+
+
+@pytest.mark.parametrize("before, snapshot, now, expected", [c[1:] for c in BUDGET_CASES],
+                         ids=[c[0] for c in BUDGET_CASES])
+def test_budget_sample(before, snapshot, now, expected):
+    budget, served, served_over, at = before
+    state = PolicyState(budget=budget, served=served, served_over=served_over, rate_at=at)
+    got, got_served, got_over = _budget_sample(state, snapshot, now, CFG)
+    want, want_served, want_over = expected
+    assert (got.since, got.spare, got.clean) == (want.since, want.spare, want.clean)
+    assert (got.last_over, got_served, got_over) == pytest.approx((want.last_over, want_served, want_over))
+
+
+def test_misses_over_the_budget_add_a_replica_with_its_reason():
+    """resnet at 1,000/s needs 0.625 -> 1 replica. 0.5 % of requests over the SLO for a
+    whole 30-s window: a spare replica, 0.625 + 1 -> 2, reason SLO with the numbers."""
+    state, ready, decisions = PolicyState(), 1, []
+    for t in range(32):
+        decision, state = decide(snap(ready=ready, rps=1000.0, batch=RESNET, over=0.005, at=float(t)), SPEC, state,
+                                 float(t))
+        decisions.append(decision)
+        ready = decision.desired
+    assert [d.desired for d in decisions[:30]] == [1] * 30
+    assert decisions[30].desired == 2 and decisions[30].reason == "SLO"
+    assert "1 spare" in decisions[30].detail and "0.50% of requests over the SLO" in decisions[30].detail
+
+
+def test_budget_config_is_validated():
+    with pytest.raises(ValueError, match="miss_budget"):
+        PolicyConfig(miss_budget=1.5)
+    with pytest.raises(ValueError, match="batch_latency_share"):
+        PolicyConfig(batch_latency_share=0.0)
+
+
+# ---------------------------------------------------------------------- fraction_over
+
+FRACTION_CASES = [
+    # id, cumulative buckets, bound, expected fraction over it
+    ("none", (), 0.1, 0.0),
+    ("empty", ((0.1, 0.0), (math.inf, 0.0)), 0.1, 0.0),
+    ("on-a-bound", ((0.1, 90.0), (0.25, 99.0), (math.inf, 100.0)), 0.1, 0.10),
+    # 90 + 9 x (0.2 - 0.1) / (0.25 - 0.1) = 96 under -> 4 %
+    ("interpolated", ((0.1, 90.0), (0.25, 99.0), (math.inf, 100.0)), 0.2, 0.04),
+    # inside the first bucket: 90 x 0.05 / 0.1 = 45 under -> 55 %
+    ("first-bucket", ((0.1, 90.0), (0.25, 99.0), (math.inf, 100.0)), 0.05, 0.55),
+    ("past-the-last-finite", ((0.1, 90.0), (0.25, 99.0), (math.inf, 100.0)), 0.5, 0.01),
+    ("all-under", ((0.1, 100.0), (math.inf, 100.0)), 0.2, 0.0),
+]
+
+
+@pytest.mark.parametrize("buckets, bound, expected", [c[1:] for c in FRACTION_CASES], ids=[c[0] for c in FRACTION_CASES])
+def test_fraction_over(buckets, bound, expected):
+    assert fraction_over(buckets, bound) == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------- the simulator's batcher
+
+def interp(profile):
+    return lambda b: float(__import__("numpy").interp(b, [r for r, _ in profile], [s for _, s in profile]))
+
+
+BATCH_SIZE_CASES = [
+    # id, rate per replica, profile, max batch, expected rows
+    ("idle", 0.0, RESNET, 32, 1),
+    # ceil(100 x .004 / .8) = 1 (50 % occupied)
+    ("light", 100.0, RESNET, 32, 1),
+    # ceil(250 x .004 / .8) = 2, lat(2) = 4.286 ms, ceil(1.34) = 2 (54 %; batch 1 would be 100 %)
+    ("docstring-250", 250.0, RESNET, 32, 2),
+    # ceil(1000 x .004 / .8) = 5, lat(5) = 5.143, ceil(6.43) = 7, lat(7) = 5.714, ceil(7.14) = 8,
+    # lat(8) = 6, ceil(7.5) = 8
+    ("resnet-1000", 1000.0, RESNET, 32, 8),
+    ("capped-at-max", 10000.0, RESNET, 32, 32),
+    # whisper 77/s: ceil(77 x .030 / .8) = 3, lat(3) = 40 ms, ceil(3.85) = 4 = max
+    ("whisper-13-replicas", 77.0, WHISPER, 4, 4),
+]
+
+
+@pytest.mark.parametrize("rate, profile, max_batch, expected", [c[1:] for c in BATCH_SIZE_CASES],
+                         ids=[c[0] for c in BATCH_SIZE_CASES])
+def test_batch_size(rate, profile, max_batch, expected):
+    assert batch_size(rate, interp(profile), max_batch) == expected
+
+
+def test_batch_size_never_leaves_a_replica_over_its_fill_below_max():
+    """Whatever the rate: rate x lat(b) / b <= 0.8, unless b is the largest batch."""
+    latency = interp(RESNET)
+    for rate in range(0, 5000, 7):
+        b = batch_size(float(rate), latency, 32)
+        assert b == 32 or rate * latency(b) / b <= 0.8 + 1e-9
+        if b > 1:  # and no smaller batch would have done
+            assert rate * latency(b - 1) / (b - 1) > 0.8 - 1e-9 or rate * latency(b - 1) / 0.8 > b - 1 - 1e-9
+
+
+# ---------------------------------------------------------------------- learning batch latencies in the controller
+
+LEARN_CASES = [
+    # id, table before, window's (mean rows, seconds per batch), expected table
+    ("first", (), (1.0, 0.004), ((1.0, 0.004),)),
+    ("new-bucket", ((1.0, 0.004),), (7.6, 0.0059), ((1.0, 0.004), (7.6, 0.0059))),
+    # bucket 8 again: (7.6 + .25 x (8.4 - 7.6), 5.9 + .25 x (6.1 - 5.9) ms) = (7.8, 5.95 ms)
+    ("same-bucket-moves-a-quarter", ((1.0, 0.004), (7.6, 0.0059)), (8.4, 0.0061), ((1.0, 0.004), (7.8, 0.00595))),
+    # 1.3 rows -> log2 0.38 -> bucket 0, with 1: (1 + .25 x .3, 4 + .25 x .4 ms)
+    ("near-one", ((1.0, 0.004),), (1.3, 0.0044), ((1.075, 0.0041),)),
+    ("kept-in-row-order", ((8.0, 0.006),), (2.0, 0.0045), ((2.0, 0.0045), (8.0, 0.006))),
+    ("nothing-measured", ((1.0, 0.004),), (0.0, 0.0), ((1.0, 0.004),)),
+    ("nan-ignored", ((1.0, 0.004),), (float("nan"), 0.004), ((1.0, 0.004),)),
+]
+
+
+@pytest.mark.parametrize("table, window, expected", [c[1:] for c in LEARN_CASES], ids=[c[0] for c in LEARN_CASES])
+def test_learn_batch_latency(table, window, expected):
+    got = learn_batch_latency(table, *window)
+    assert len(got) == len(expected)
+    for (r, s), (er, es) in zip(got, expected):
+        assert (r, s) == pytest.approx((er, es))
+
+
+BATCH_METRICS = """# HELP shoal_replica_batch_size Rows per executed batch
+# TYPE shoal_replica_batch_size histogram
+shoal_replica_batch_size_bucket{function="f",le="1.0"} 10.0
+shoal_replica_batch_size_bucket{function="f",le="8.0"} 40.0
+shoal_replica_batch_size_bucket{function="f",le="+Inf"} 40.0
+shoal_replica_batch_size_count{function="f"} 40.0
+shoal_replica_batch_size_sum{function="f"} 190.0
+# HELP shoal_replica_busy_seconds_total Executor busy seconds
+# TYPE shoal_replica_busy_seconds_total counter
+shoal_replica_busy_seconds_total{function="f"} 0.2
+"""
+
+
+def test_batches_are_read_from_the_batch_size_histogram():
+    """40 batches of 190 rows in 0.2 busy seconds: 4.75 rows a batch, 5 ms a batch."""
+    stat = parse_replica_metrics(BATCH_METRICS, "r1", at=1.0)
+    assert (stat.batches, stat.batch_rows, stat.busy_s) == (40.0, 190.0, 0.2)
+    table = learn_batch_latency((), stat.batch_rows / stat.batches, stat.busy_s / stat.batches)
+    assert len(table) == 1 and table[0] == pytest.approx((4.75, 0.005))
