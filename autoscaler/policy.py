@@ -131,6 +131,7 @@ class PolicyState:
     budget: "Budget | None" = None  # the error budget's window and spare replicas
     served: float = 0.0  # requests answered in the budget's window so far
     served_over: float = 0.0  # those slower than the SLO
+    forecast: tuple[float, float] | None = None  # (at, replicas) of the last FORECAST scale-up
 
 
 def decide(
@@ -151,7 +152,8 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
-                        state.slice_fraction, state.slice_at, rate_avg, rate_at, budget, served, served_over)
+                        state.slice_fraction, state.slice_at, rate_avg, rate_at, budget, served, served_over,
+                        state.forecast)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -204,7 +206,7 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
       and queueing, so this view stands on its own; a backlog held through a cold start
       is not remembered, see decide()). For a model that batches the target is at least
       what one replica finishes within the p95 target at full batches, e.g. 32 rows per
-      14 ms x 80 ms = 183;
+      14 ms x 80 ms = 183: such a replica holds a batch in flight by design;
     - SLO: p95 over its target raises the work view by p95 / target, at most
       slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57.
     """
@@ -226,10 +228,6 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
         duty_sum = sum(snapshot.duty)
         if duty_sum > measured:
             measured = duty_sum
-        if snapshot.service_s:
-            per_replica = slo_target_s / snapshot.service_s  # requests one replica finishes within the target
-            if per_replica > target_concurrency:
-                target_concurrency = per_replica
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
     by_work = measured / duty_target
@@ -401,6 +399,8 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by in ("slo", "budget") else "BURST")
             detail = (f"trend {trend:.2f} over the next {lead_s(snapshot, config) + 1:.0f} s" if reason == "FORECAST"
                       else f"need {burst:.2f} replicas ({need.detail})")
+            if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
+                state = replace(state, forecast=(now, trend))
             return ScaleDecision(desired, reason, detail), state
     idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
     if snapshot.demand == 0 and spec.min_replicas == 0:
@@ -430,9 +430,15 @@ def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
                 config: PolicyConfig) -> ScaleDecision:
     """Down only to the largest need of the whole delay window, by at most half, never
     below one while the function is active. E.g. 8 replicas, needs over the last 30 s
-    at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4."""
+    at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4. A
+    forecast scale-up counts as a need of its window too (a forecast is not undone by the
+    next look, before the traffic it foresaw has come)."""
     seen_for = now - state.needs[0][0] if state.needs else 0.0
     wanted = _ceil(window_max(state.needs, now, config.scale_down_delay_s))
+    if state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS:
+        held = _ceil(state.forecast[1])
+        if held > wanted:
+            wanted = held
     floor = spec.min_replicas if spec.min_replicas > 1 else 1
     if wanted < floor:
         wanted = floor

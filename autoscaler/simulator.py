@@ -694,7 +694,14 @@ class Simulation:
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
-        victims = self.cluster.scale_down_victims(self.trace.functions[fid], count)
+        # replicas still starting go first, newest first (as the controller stops them): they
+        # serve nobody yet; then the placement's consolidating choice
+        starting = sorted((s for s in self.slots[fid] if srv.ready_at[s] > now), key=lambda s: -srv.ready_at[s])
+        victims = [self.slot_replica[s] for s in starting[:count]]
+        if len(victims) < count:
+            chosen = set(victims)
+            rest = self.cluster.scale_down_victims(self.trace.functions[fid], count + len(victims))
+            victims += [r for r in rest if r not in chosen][:count - len(victims)]
         for replica in victims:
             slot = self.replica_slot.pop(replica)
             del self.slot_replica[slot]

@@ -153,15 +153,13 @@ NEED_CASES = [
     ("in-flight-alone-under-target", snap(ready=2, inflight=40, p95=0.020), 10.0, "concurrency"),  # 40 / 4
     # p95 over its target: it is; 120/80 = 1.5, service unknown so uncapped: 40 / 4 = 10 > SLO 1.4/0.7 x 1.5 = 3
     ("concurrency-used-over-target", snap(ready=2, inflight=40, duty=(0.7, 0.7), p95=0.120), 10.0, "concurrency"),
-    # with a service time known, a replica's concurrency target is at least what it finishes
-    # within the p95 target: max(4, 80 ms / 4 ms = 20) = 20, so a queue it drains in time is no need
-    ("concurrency-beside-measured-work", snap(ready=1, inflight=50, rps=300, service=0.004), 2.5, "concurrency"),
-    ("drained-in-time-is-work", snap(ready=1, inflight=9, rps=300, service=0.004), 1.2 / 0.7, "work"),  # 9/20 < 1.71
-    ("concurrency-without-work", snap(ready=1, inflight=40, service=0.004), 2.0, "concurrency"),  # work 0, 40 / 20
-    ("slow-model-keeps-spec-target", snap(ready=1, inflight=40, service=0.040), 10.0, "concurrency"),  # 80/40 = 2 < 4
+    # executor time misses decoding and queueing: concurrency is not capped by the work view
+    ("concurrency-beside-measured-work", snap(ready=1, inflight=40, rps=300, service=0.004), 10.0, "concurrency"),
+    ("concurrency-over-1.71", snap(ready=1, inflight=9, rps=300, service=0.004), 2.25, "concurrency"),  # 9/4 > 1.71
+    ("concurrency-without-work", snap(ready=1, inflight=40, service=0.004), 10.0, "concurrency"),  # work 0, 40 / 4
     ("concurrency-over-duty", snap(ready=1, inflight=40, duty=(0.6,)), 10.0, "concurrency"),  # 0.86 < 10
-    # 120/80 = 1.5: SLO 1.71 x 1.5 = 2.57 < 80 / 20 = 4
-    ("concurrency-over-slo", snap(ready=1, inflight=80, rps=300, service=0.004, p95=0.120), 4.0, "concurrency"),
+    # 120/80 = 1.5: SLO 1.71 x 1.5 = 2.57 < 40 / 4 = 10
+    ("concurrency-over-slo", snap(ready=1, inflight=40, rps=300, service=0.004, p95=0.120), 10.0, "concurrency"),
     # SLO: p95 over 80 ms multiplies the work view (duty target 0.7) by min(2, p95 / 80)
     ("slo-x1.5", snap(ready=2, duty=(0.7, 0.7), p95=0.120), 3.0, "slo"),  # 120/80 = 1.5; 1.4 / 0.7 = 2 x 1.5 = 3
     ("slo-boost-capped-at-2", snap(ready=2, duty=(0.7, 0.7), p95=0.400), 4.0, "slo"),  # 400/80 = 5 -> 2; 2 x 2 = 4
@@ -216,11 +214,8 @@ ONE_STEP_CASES = [
     ("burst-at-once", SPEC, snap(ready=2, inflight=20), 5, "BURST"),  # 20 / 4 = 5 > 2
     ("burst-on-duty", SPEC, snap(ready=2, inflight=2, duty=(0.9, 0.8)), 3, "BURST"),  # ceil(1.7 / 0.7 = 2.43)
     ("burst-on-service-time", SPEC, snap(ready=1, duty=(1.0,), rps=500, service=0.004), 3, "BURST"),  # 2.0/0.7 = 2.86
-    # 40 / 4 = 10 > 1, capped at max_scale_up_rate 10 x 1 = 10, and max_replicas 8 -> 8 (no service time:
-    # the spec's target of 4 per replica)
-    ("backlog-burst", SPEC, snap(ready=1, inflight=40, rps=300), 8, "BURST"),
-    # with 4 ms a request known, one replica finishes 80 / 4 = 20 within the target: 40 / 20 = 2
-    ("backlog-drained-by-two", SPEC, snap(ready=1, inflight=40, rps=300, service=0.004), 2, "BURST"),
+    # 40 / 4 = 10 > 1, capped at max_scale_up_rate 10 x 1 = 10, and max_replicas 8 -> 8
+    ("backlog-burst", SPEC, snap(ready=1, inflight=40, rps=300, service=0.004), 8, "BURST"),
     # work 0.5 / 0.7 = 0.71 < (4 + 5) / 4 = 2.25 -> ceil 3 = 1 ready + 2 starting
     ("ready-plus-starting", SPEC, snap(ready=1, starting=2, inflight=4, held=5, duty=(0.5,)), 3, "STABLE"),
     # latency headroom packs the work into fewer replicas: p95 30 <= 40 ms: 1.6 / 0.9 = 1.78 -> 2 = 2
@@ -778,3 +773,20 @@ def test_decisions_stay_in_bounds_and_never_cut_an_overloaded_function(scenario)
             assert decision.desired >= current, (snapshot, decision)
         if decision.slice_fraction is not None:
             assert CFG.min_slice <= decision.slice_fraction <= CFG.max_slice
+
+
+def test_a_forecast_is_not_undone_by_the_next_look():
+    """A FORECAST scale-up counts as a need for the delay window. 40 s of need 0.5 (2 in
+    flight / 4) on 1 replica, then 0.75 and 1.0: the trend (least squares over the last
+    30 s, 3 s ahead) passes 1 -> 2 (FORECAST). Then the need is 0.5 again: the window's
+    needs say ceil(1.0) = 1 after a whole delay window of looks (without the hold, down to
+    1 at once), but the forecast holds 2 until 30 s after it."""
+    state, decisions = PolicyState(), []
+    load = [2] * 40 + [3, 4] + [2] * 31
+    for t, inflight in enumerate(load):
+        ready = decisions[-1][0] if decisions else 1
+        decision, state = decide(snap(ready=ready, inflight=float(inflight), at=float(t)), SPEC, state, float(t))
+        decisions.append((decision.desired, decision.reason))
+    assert decisions[41] == (2, "FORECAST")
+    assert [d for d, _ in decisions[42:71]] == [2] * 29  # held through t = 70, the window's end
+    assert decisions[72] == (1, "STABLE")  # 31 s after it: the window's needs rule again

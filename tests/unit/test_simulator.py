@@ -602,3 +602,19 @@ def test_cli_errors_exit_2(capsys, extra, message):
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("shoal simulate: ") and message in err
+
+
+def test_scale_down_stops_a_starting_replica_before_a_ready_one():
+    """One warm replica (ready at -cold); at tick 0 the schedule asks for 2 (the second takes
+    5 s to start), at tick 1 for 1 again: the starting one goes, so the warm one keeps
+    serving (as the controller stops the newest first). Requests at 1.5 s are served by the
+    warm replica at once: 10 ms each, not held until a start that will never finish."""
+    sim = Recording(trace_of([1.5, 1.6], duration=3.0), [P10], Starting({0: [(0, 2)], 1: [(0, 1)]}, cold=5.0),
+                    SimConfig(gpus=1), initial={0: 1})
+    # the placement's consolidating choice prefers the warm (oldest) replica here: starting ones still go first
+    sim.cluster.scale_down_victims = lambda function, count: sorted(sim.replica_slot, key=sim.replica_slot.get)[:count]
+    record = sim.run()
+    assert ms(sim.latencies) == pytest.approx([10.0, 10.0])
+    (slot,) = sim.slots[0]
+    assert sim.servers.ready_at[slot] <= 0.0  # the warm one stayed
+    assert record["cold_starts"] == 2
