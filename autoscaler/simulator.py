@@ -316,6 +316,8 @@ class Simulation:
         self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._batch_of: dict[int, tuple[tuple[float, float], ...]] = {}  # per function, until its slice changes
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
+        self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
+        self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
@@ -485,16 +487,38 @@ class Simulation:
         a, f, g, r, s = a[order], f[order], g[order], r[order], s[order]
         v = (a - t0) - r * s
         cm = np.maximum.accumulate(v + g * BIG) - g * BIG
-        u = np.maximum(cm, np.maximum(srv.free[slots[g]] - t0, -1.0))
+        floor = np.maximum(srv.free[slots[g]] - t0, -1.0)
+        u = np.maximum(cm, floor)
         done = t0 + u + (r + 1) * s
+        extra = latency_extra[f]
+        if self.batch_backlog:
+            # a batcher runs what is queued: a request with requests queued ahead of it on its
+            # replica rides in a batch of them (up to the largest), cheaper per request; one
+            # correction of the tick's rule, solved again with per-request service times
+            ahead = np.floor((done - s - a) / s + 1e-9)
+            tick_batch = self._batch[f]
+            batch = np.minimum(np.maximum(tick_batch, ahead + 1), self.max_batch[f])
+            grown = batch > tick_batch
+            if grown.any():
+                lat = self._latency_of(batch, f) * (s + extra) / self._latency_of(tick_batch, f)  # on its slice
+                s = np.where(grown, lat / batch, s)
+                extra = np.where(grown, lat - s, extra)
+                starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+                total = np.cumsum(s)
+                before = total - s - np.repeat((total - s)[starts], np.diff(np.r_[starts, len(s)]))
+                cm = np.maximum.accumulate(((a - t0) - before) + g * BIG) - g * BIG
+                done = t0 + np.maximum(cm, floor) + before + s
         last = np.flatnonzero(np.r_[g[1:] != g[:-1], True])
         srv.free[slots[g[last]]] = done[last]
-        return f, done - a + latency_extra[f], s
+        return f, done - a + extra, s
 
     def _serve_one_by_one(self, a, f, slots, offset, service, latency_extra):
-        """Earliest-free replica first, one request at a time (a heap per function)."""
+        """Earliest-free replica first, one request at a time (a heap per function). With
+        batch_backlog, a request that finds requests queued ahead of it rides in a batch of
+        them, as in _serve_interleaved (here from the wait it really finds)."""
         srv = self.servers
         latency = np.empty(len(a))
+        occupied = service[f].copy()
         bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True])
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             fid = int(f[lo])
@@ -502,14 +526,32 @@ class Simulation:
             heap = [(float(srv.free[x]), x) for x in mine]
             heapq.heapify(heap)
             s, extra = float(service[fid]), float(latency_extra[fid])
+            costs = self._backlog_costs(fid, s, extra) if self.batch_backlog else None
             for i, arrival in enumerate(a[lo:hi].tolist(), lo):
                 free, slot = heap[0]
-                done = (free if free > arrival else arrival) + s
+                s_i, extra_i = s, extra
+                if costs is not None and free > arrival:
+                    ahead = int((free - arrival) / s + 1e-9)
+                    s_i, extra_i = costs[min(ahead, len(costs) - 1)]
+                    occupied[i] = s_i
+                done = (free if free > arrival else arrival) + s_i
                 heapq.heapreplace(heap, (done, slot))
-                latency[i] = done - arrival + extra
+                latency[i] = done - arrival + extra_i
             for free, slot in heap:
                 srv.free[slot] = free
-        return f, latency, service[f]
+        return f, latency, occupied
+
+    def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float]] | None:
+        """(occupancy, rest of the batch) for a request with 0, 1, ... requests ahead of it:
+        a batch of max(the tick's batch, ahead + 1) rows, up to the largest; None when the
+        function's batches cannot grow."""
+        top, tick_batch = int(self.max_batch[fid]), float(self._batch[fid])
+        if tick_batch >= top:
+            return None
+        scale = (s + extra) / float(self._latency_of(np.array([tick_batch]), np.array([fid]))[0])  # the slice
+        rows = np.maximum(tick_batch, np.arange(1, top + 1, dtype=float))
+        lat = self._latency_of(rows, np.full(top, fid)) * scale
+        return [(s, extra) if b <= tick_batch else (float(x / b), float(x - x / b)) for b, x in zip(rows, lat)]
 
     def _service_times(self, n_f: np.ndarray, slots: np.ndarray, t0: float, dt: float) -> tuple[np.ndarray, np.ndarray]:
         """Per function: seconds a request occupies a replica, and the rest of its batch's latency.
@@ -544,8 +586,18 @@ class Simulation:
             batch[busy] = b
         lat = self._latency_s(batch) * speed
         occupancy = lat / batch
-        self._occupancy = occupancy
+        self._occupancy, self._batch = occupancy, batch
         return occupancy, lat - occupancy
+
+    def _latency_of(self, batch: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """Batch latency of each request's function at its own batch size (reference slice)."""
+        out = np.empty(len(f))
+        group = self._lat_group[f]
+        for g, (_, sizes, secs) in enumerate(self._lat_tables):
+            mask = group == g
+            if mask.any():
+                out[mask] = np.interp(batch[mask], sizes, secs)
+        return out
 
     def _latency_s(self, batch: np.ndarray, of: np.ndarray | None = None) -> np.ndarray:
         """Batch latency per function at `batch` rows (on the profile's reference slice);

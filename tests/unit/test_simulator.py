@@ -147,16 +147,36 @@ SERVE_CASES = [
      [5, 10]),
     # batching: 200 at once on 1 replica of ((1,10),(8,20)) ms. batch_size, fill 0.8: b = ceil(200/s x
     # lat(b) / 0.8), b0=1: ceil(200 x .010 / .8)=3, lat(3)=90/7=12.86; ceil(200 x .01286 / .8)=ceil(3.21)=4,
-    # lat(4)=100/7=14.29 ms; ceil(3.57)=4. A request occupies 100/7/4 = 25/7 ms, the rest of the batch
-    # latency is 75/7 ms: request k (0-based) takes (k+1) x 25/7 + 75/7 ms (first 100/7 = 14.29, last 725)
-    ("batch-of-4", [0] * 200, 1, Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000),
-     [(k + 1) * 25 / 7 + 75 / 7 for k in range(200)]),
+    # lat(4)=100/7=14.29 ms; ceil(3.57)=4: the tick's batch is 4. Request k has k queued ahead of it, so
+    # it rides in a batch of max(4, k + 1) rows up to 8 (see BACKLOG_BATCHES)
+    ("batch-of-4-then-backlog", [0] * 200, 1,
+     Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000), "BACKLOG_BATCHES"),
 ]
+
+
+def _backlog_batches() -> list[float]:
+    """The batch-of-4-then-backlog case: batch b takes L(b) = 10 + (b - 1) x 10/7 ms, a request
+    occupies s(b) = L(b) / b of it. Requests 0-3 ride in batches of 4 (s = 25/7 ms), 4, 5, 6
+    in batches of 5, 6, 7, the rest in batches of 8 (20 ms, s = 2.5 ms). Request k is done
+    when the occupancies of 0..k are, and waits out the rest of its batch: sum s(b_i) + L(b_k)
+    - s(b_k). E.g. k = 0: 25/7 + 75/7 = 14.29 ms; k = 199: 4 x 25/7 + s(5) + s(6) + s(7) +
+    193 x 2.5 + 17.5 ms."""
+    def lat(b):
+        return 10 + (b - 1) * 10 / 7
+
+    out, done = [], 0.0
+    for k in range(200):
+        b = min(8, max(4, k + 1))
+        done += lat(b) / b
+        out.append(done + lat(b) - lat(b) / b)
+    return out
 
 
 @pytest.mark.parametrize("arrivals, replicas, profile, expected",
                          [c[1:] for c in SERVE_CASES], ids=[c[0] for c in SERVE_CASES])
 def test_serving_is_exact(arrivals, replicas, profile, expected):
+    if expected == "BACKLOG_BATCHES":
+        expected = _backlog_batches()
     sim = Recording(trace_of(arrivals), [profile], static_policy({0: {0: replicas}}), SimConfig(gpus=1))
     record = sim.run()
     assert ms(sim.latencies) == pytest.approx(sorted(expected), abs=1e-6)
@@ -236,6 +256,7 @@ def test_interleaved_equals_one_by_one_on_idle_servers(case):
     for fid, count in enumerate(replicas):
         sim._start(fid, count, 0.0)  # a Scheduled policy: no cold start, so idle from 0
     a, f, slots, offset, service, extra = serve_inputs(sim, a, f)
+    sim.batch_backlog = False  # the two solvers, with the tick's batch alone (each grows batches its own way)
     free0 = sim.servers.free.copy()
     f1, lat1, s1 = sim._serve_interleaved(a, f, 0.0, slots, offset, service, extra)
     free1 = sim.servers.free[slots].copy()
@@ -263,6 +284,7 @@ def test_whole_runs_match_the_one_by_one_reference(seed, policy):
     runs = []
     for cls in (Recording, OneByOne):
         sim = cls(trace, profiles, makers[policy](), SimConfig(gpus=2), initial=initial)
+        sim.batch_backlog = False  # the solvers with the tick's batch alone
         sim.run()
         runs.append(sim)
     assert len(runs[0].latencies) == len(runs[1].latencies) > 0
@@ -618,3 +640,29 @@ def test_scale_down_stops_a_starting_replica_before_a_ready_one():
     (slot,) = sim.slots[0]
     assert sim.servers.ready_at[slot] <= 0.0  # the warm one stayed
     assert record["cold_starts"] == 2
+
+
+@pytest.mark.parametrize("path", ["interleaved", "one_by_one"])
+def test_a_backlog_rides_in_larger_batches_on_either_path(path):
+    """200 requests at once on ((1,10),(8,20)) ms: with batch_backlog the queue is served in
+    batches of up to 8: the queue drains faster (median and last answer earlier) and the
+    replica works less than with the tick's batch alone (4 rows); a request early in the
+    queue may wait out a larger batch, never by more than the largest batch's 20 ms. The
+    one-by-one path (a replica still starting beside a warm one) grows its batches from
+    the wait it finds."""
+    profile = Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=0.0, slo_ms=10_000)
+    results = {}
+    for backlog in (False, True):
+        if path == "interleaved":
+            sim = Recording(trace_of([0.0] * 200), [profile], static_policy({0: {0: 1}}), SimConfig(gpus=1))
+        else:
+            sim = Recording(trace_of([0.0] * 200), [profile], Starting({0: [(0, 2)]}, cold=0.5), SimConfig(gpus=1),
+                            initial={0: 1})
+        sim.batch_backlog = backlog
+        record = sim.run()
+        assert sim.paths == [path] and record["served"] == 200
+        results[backlog] = (np.sort(sim.latencies), float(sim.servers.free[sim.servers.alive].max()))
+    (without, busy_without), (with_backlog, busy_with) = results[False], results[True]
+    assert np.all(with_backlog <= without + 0.020 + 1e-12)
+    assert np.median(with_backlog) < 0.8 * np.median(without) and with_backlog[-1] < 0.8 * without[-1]
+    assert busy_with < 0.8 * busy_without  # when the replicas are free again: the queue's work
