@@ -60,6 +60,7 @@ class PolicyConfig:
     max_duty: float = 0.9  # how hot replicas may run while p95 has headroom
     batch_latency_share: float = 0.5  # a batch may take this share of the p95 target (the rest: waiting for one)
     rate_window_s: float = 5.0  # the work view reads the request rate averaged (EWMA) over this
+    concurrency_window_s: float = 5.0  # the concurrency view reads in-flight averaged over this (0: as it is)
     miss_budget: float = 0.001  # error budget: at most 0.1 % of requests slower than the SLO
     budget_window_s: float = 30.0  # misses are judged over windows this long
     budget_clean_windows: int = 10  # a spare replica goes after this many windows in a row ...
@@ -110,6 +111,8 @@ class PolicyConfig:
             raise ValueError(f"min_slice ({self.min_slice}) must be > 0 and <= max_slice ({self.max_slice}) <= 1")
         if self.slice_window_s <= 0:
             raise ValueError(f"slice_window_s ({self.slice_window_s}) must be > 0")
+        if self.rate_window_s <= 0:
+            raise ValueError(f"rate_window_s ({self.rate_window_s}) must be > 0")
         if not 0 < self.miss_budget < 1 or self.budget_window_s <= 0:
             raise ValueError(f"miss_budget ({self.miss_budget}) must be within (0, 1) and budget_window_s "
                              f"({self.budget_window_s}) > 0")
@@ -133,6 +136,7 @@ class PolicyState:
     slice_fraction: float | None = None  # the slice this policy last asked for
     slice_at: float | None = None
     rate_avg: float | None = None  # EWMA of the request rate (time constant rate_window_s)
+    inflight_avg: float | None = None  # and of the requests in flight inside replicas
     rate_at: float | None = None  # its last sample
     budget: "Budget | None" = None  # the error budget's window and spare replicas
     served: float = 0.0  # requests answered in the budget's window so far
@@ -152,8 +156,8 @@ def decide(
         gaps = (gaps + (now - state.last_active_at,))[-config.gaps_kept:]
     last_active_at, onsets = _activity(state, active, now, config)
     budget, served, served_over = _budget_sample(state, snapshot, now, config)
-    rate_avg, rate_at = _rate_sample(state, snapshot, now, config)
-    need = estimate_need(snapshot, spec, config, rate_avg)
+    rate_avg, inflight_avg, rate_at = _rate_sample(state, snapshot, now, config)
+    need = estimate_need(snapshot, spec, config, rate_avg, inflight_avg)
     if budget.spare and need.replicas > 0 and snapshot.ready:
         need = Need(need.replicas + budget.spare, "budget", (need.replicas, budget.spare, budget.last_over))
     # a backlog held through a cold start is not a need to remember: the burst window
@@ -162,7 +166,7 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
-                        state.slice_fraction, state.slice_at, rate_avg, rate_at, budget, served, served_over,
+                        state.slice_fraction, state.slice_at, rate_avg, inflight_avg, rate_at, budget, served, served_over,
                         state.forecast, gaps)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
@@ -192,7 +196,7 @@ class Need:
 
 
 def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig,
-                  rate: float | None = None) -> Need:
+                  rate: float | None = None, inflight: float | None = None) -> Need:
     """Replicas the load needs now: the measured work over a duty target that depends on
     how much latency headroom there is, or more when queueing or the SLO says so.
 
@@ -241,7 +245,7 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
     by_work = measured / duty_target
-    demand = snapshot.inflight + snapshot.activator_queue
+    demand = (snapshot.inflight if inflight is None else inflight) + snapshot.activator_queue
     by_concurrency = demand / target_concurrency
     if by_concurrency > by_work:
         best = Need(by_concurrency, "concurrency", (demand, target_concurrency))
@@ -585,16 +589,25 @@ def _budget_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
 
 
 def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
-                 config: PolicyConfig) -> tuple[float, float]:
-    """(rate_avg, rate_at) after this snapshot: an EWMA of requests per second, time
-    constant rate_window_s, where a sample dt after the last weighs 1 - exp(-dt / tau);
-    the first sample is taken as it is. E.g. average 1,000, 1 s later 2,000 with tau 5 s:
-    1000 + 1000 x (1 - e^-0.2) = 1,181."""
-    if state.rate_avg is None or state.rate_at is None:
-        return snapshot.rps, now
+                 config: PolicyConfig) -> tuple[float, float, float]:
+    """(rate_avg, inflight_avg, rate_at) after this snapshot: EWMAs of requests per second
+    (time constant rate_window_s) and of requests in flight inside replicas
+    (concurrency_window_s; 0 takes each sample as it is), where a sample dt after the last
+    weighs 1 - exp(-dt / tau); the first sample is taken as it is. E.g. average 1,000/s,
+    1 s later 2,000/s with tau 5 s: 1000 + 1000 x (1 - e^-0.2) = 1,181. Like KPA's
+    windowed concurrency, so a burst the replicas absorb within the SLO is not a need for
+    30 s; requests held at the gateway are not averaged: a function at zero acts on them
+    at once, and a backlog that keeps growing still raises the average within seconds."""
+    if state.rate_avg is None or state.rate_at is None or state.inflight_avg is None:
+        return snapshot.rps, snapshot.inflight, now
     since = now - state.rate_at
-    weight = 1.0 - math.exp(-(since if since > 0.0 else 0.0) / config.rate_window_s)
-    return state.rate_avg + (snapshot.rps - state.rate_avg) * weight, now
+    since = since if since > 0.0 else 0.0
+    weight = 1.0 - math.exp(-since / config.rate_window_s)
+    inflight = snapshot.inflight
+    if config.concurrency_window_s > 0:
+        inflight = state.inflight_avg + (inflight - state.inflight_avg) * (
+            1.0 - math.exp(-since / config.concurrency_window_s))
+    return state.rate_avg + (snapshot.rps - state.rate_avg) * weight, inflight, now
 
 
 def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,

@@ -101,11 +101,17 @@ def test_tick_scales_out_on_load_and_only_the_leader_acts():
     assert b.tick().leader is False and b.tick().applied == []  # the follower touches nothing
     kube.deployments[("shoal", "fn-digits")]["status"]["readyReplicas"] = 6
     load["inflight"] = vector(2.0)  # 2 in flight: 1 replica would do
-    applied = []
-    for _ in range(40):  # scale-down waits a whole 30 s window, then at most halves: 6 -> 3
+    applied, at = [], []
+    for _ in range(60):  # scale-down waits a whole 30 s window of lower need, then at most halves
         clock.t += 1
-        applied += a.tick().applied
-    assert applied == ["scale digits to 3"]
+        done = a.tick().applied
+        applied += done
+        at += [clock.t] * len(done)
+    # in flight is averaged over 5 s (2 + 10 e^(-t/5)), so the need falls over some seconds
+    # and the count follows it down in steps, the first one a whole window after the load fell
+    counts = [int(x.rsplit(" ", 1)[1]) for x in applied]
+    assert counts == [5, 4, 3], applied  # ceil of the averaged need as it falls; halving allows each step
+    assert all(x.startswith("scale digits to ") for x in applied) and at[0] - 1000.0 >= 30 - 1e-9, (at, applied)
     assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] == 3
 
 

@@ -41,14 +41,17 @@ from functions.spec import ScalingSpec
 
 SPEC = ScalingSpec()
 CFG = DEFAULT_CONFIG
+# the window mechanics below read each look's in-flight as it is (by default the concurrency
+# view averages it over 5 s: test_in_flight_is_averaged_like_kpas_window covers that)
+INSTANT = PolicyConfig(concurrency_window_s=0.0)
 # a trend capped at 1x can never exceed the current need, so it never wins: the
 # burst-window cases read without the forecast's extrapolation
-NO_TREND = PolicyConfig(trend_max_boost=1.0)
+NO_TREND = PolicyConfig(trend_max_boost=1.0, concurrency_window_s=0.0)
 # keeps 31 s of needs instead of 30, so a whole 30 s delay window can be seen and the
 # scale-down arithmetic can be tested (with the defaults it never scales down: see
 # test_scale_down_happens_with_the_default_config)
-COVERS = PolicyConfig(trend_window_s=31.0)
-COVERS_NO_TREND = PolicyConfig(trend_window_s=31.0, trend_max_boost=1.0)
+COVERS = PolicyConfig(trend_window_s=31.0, concurrency_window_s=0.0)
+COVERS_NO_TREND = PolicyConfig(trend_window_s=31.0, trend_max_boost=1.0, concurrency_window_s=0.0)
 
 
 def snap(ready=0, starting=0, inflight=0.0, held=0, duty=None, rps=0.0, p95=None, cold=2.0,
@@ -285,7 +288,7 @@ def test_a_spike_does_not_scale_down_before_the_delay():
 def test_a_spike_is_not_a_trend_with_the_defaults():
     # the same spike with the forecast on: needs 2, 2, 10 over the last three looks did not
     # rise at each look (2 < 2 is false), so no trend: the burst window alone gives 10
-    out, _ = run(lambda t: {"ready": 2, "inflight": 40 if t == 10 else 8}, 10, ScalingSpec(max_replicas=20))
+    out, _ = run(lambda t: {"ready": 2, "inflight": 40 if t == 10 else 8}, 10, ScalingSpec(max_replicas=20), INSTANT)
     assert (out[10][1].desired, out[10][1].reason) == (10, "BURST")
 
 
@@ -403,7 +406,7 @@ def test_trend_need(needs, now, lead, expected):
 
 def test_a_rising_need_scales_up_ahead_with_forecast():
     # need t + 1 (inflight 4 (t + 1), target 4), cold start 2 s: the trend looks 2 + 1 = 3 s ahead
-    out = follow(lambda t, ready: {"inflight": 4 * (t + 1), "held": 0}, 5, ScalingSpec(max_replicas=20))
+    out = follow(lambda t, ready: {"inflight": 4 * (t + 1), "held": 0}, 5, ScalingSpec(max_replicas=20), INSTANT)
     assert [(t, d.desired, d.reason) for t, d in out] == [
         (0, 1, "COLD_START"),  # ceil(4 / 4) = 1
         (1, 2, "BURST"),  # 2 points: no trend yet; ceil(2) = 2
@@ -434,7 +437,7 @@ TREND_NEVER_LOWERS_CASES = [
 def test_the_trend_never_lowers_a_decision(inflight):
     spec = ScalingSpec(max_replicas=40)
     load = lambda t: {"ready": 4, "inflight": inflight[t]}  # noqa: E731
-    with_trend, _ = run(load, len(inflight) - 1, spec, CFG)
+    with_trend, _ = run(load, len(inflight) - 1, spec, INSTANT)  # the same in-flight reading as NO_TREND
     without, _ = run(load, len(inflight) - 1, spec, NO_TREND)
     for (t, a), (_, b) in zip(with_trend, without):
         assert a.desired >= b.desired, (t, a, b)
@@ -785,8 +788,21 @@ def test_a_forecast_is_not_undone_by_the_next_look():
     load = [2] * 40 + [3, 4] + [2] * 31
     for t, inflight in enumerate(load):
         ready = decisions[-1][0] if decisions else 1
-        decision, state = decide(snap(ready=ready, inflight=float(inflight), at=float(t)), SPEC, state, float(t))
+        decision, state = decide(snap(ready=ready, inflight=float(inflight), at=float(t)), SPEC, state, float(t),
+                                 INSTANT)
         decisions.append((decision.desired, decision.reason))
     assert decisions[41] == (2, "FORECAST")
     assert [d for d, _ in decisions[42:71]] == [2] * 29  # held through t = 70, the window's end
     assert decisions[72] == (1, "STABLE")  # 31 s after it: the window's needs rule again
+
+
+def test_in_flight_is_averaged_like_kpas_window():
+    """By default the concurrency view reads in-flight averaged over 5 s (EWMA): 8 in flight
+    on 2 replicas (need 2), then one look at 40: the average is 8 + 32 x (1 - e^-0.2) = 13.8,
+    need 3.45 -> 4, not 10; held requests count at once (a function at zero acts on them)."""
+    out, state = run(lambda t: {"ready": 2, "inflight": 40 if t == 10 else 8}, 10, ScalingSpec(max_replicas=20),
+                     NO_TREND.__class__(trend_max_boost=1.0))
+    assert state.inflight_avg == pytest.approx(8 + 32 * (1 - math.exp(-0.2)))
+    assert (out[10][1].desired, out[10][1].reason) == (4, "BURST")
+    (decision, _), = [decide(snap(held=40), SPEC, PolicyState(), 0.0)]
+    assert decision.desired == 8  # 40 held / 4 = 10, capped at max 8: not averaged

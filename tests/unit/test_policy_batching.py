@@ -119,21 +119,28 @@ def _fields(s: MetricsSnapshot) -> dict:
 # ---------------------------------------------------------------------- the averaged rate
 
 RATE_CASES = [
-    # id, state (rate_avg, rate_at), rps now, now, expected (rate_avg, rate_at)
-    ("first-sample-as-is", (None, None), 700.0, 3.0, (700.0, 3.0)),
-    # 1000 + 1000 x (1 - e^-0.2) = 1181.27
-    ("one-second-later", (1000.0, 0.0), 2000.0, 1.0, (1000 + 1000 * (1 - math.exp(-0.2)), 1.0)),
+    # id, state (rate_avg, inflight_avg, rate_at), rps and in flight now, now, config,
+    # expected (rate_avg, inflight_avg, rate_at); both time constants 5 s by default
+    ("first-sample-as-is", (None, None, None), (700.0, 7.0), 3.0, CFG, (700.0, 7.0, 3.0)),
+    # 1000 + 1000 x (1 - e^-0.2) = 1181.27; 10 + 10 x (1 - e^-0.2) = 11.81
+    ("one-second-later", (1000.0, 10.0, 0.0), (2000.0, 20.0), 1.0, CFG,
+     (1000 + 1000 * (1 - math.exp(-0.2)), 10 + 10 * (1 - math.exp(-0.2)), 1.0)),
     # 5 s later (one time constant): 1000 + 1000 x (1 - e^-1) = 1632.1
-    ("one-tau-later", (1000.0, 0.0), 2000.0, 5.0, (1000 + 1000 * (1 - math.exp(-1)), 5.0)),
-    ("same-instant-unchanged", (1000.0, 4.0), 2000.0, 4.0, (1000.0, 4.0)),
-    ("falls-too", (1000.0, 0.0), 0.0, 1.0, (1000 * math.exp(-0.2), 1.0)),
+    ("one-tau-later", (1000.0, 10.0, 0.0), (2000.0, 10.0), 5.0, CFG, (1000 + 1000 * (1 - math.exp(-1)), 10.0, 5.0)),
+    ("same-instant-unchanged", (1000.0, 10.0, 4.0), (2000.0, 50.0), 4.0, CFG, (1000.0, 10.0, 4.0)),
+    ("falls-too", (1000.0, 10.0, 0.0), (0.0, 0.0), 1.0, CFG, (1000 * math.exp(-0.2), 10 * math.exp(-0.2), 1.0)),
+    # concurrency_window_s 0: in flight as it is
+    ("in-flight-instant", (1000.0, 10.0, 0.0), (1000.0, 40.0), 1.0, PolicyConfig(concurrency_window_s=0.0),
+     (1000.0, 40.0, 1.0)),
 ]
 
 
-@pytest.mark.parametrize("before, rps, now, expected", [c[1:] for c in RATE_CASES], ids=[c[0] for c in RATE_CASES])
-def test_rate_sample(before, rps, now, expected):
-    state = PolicyState(rate_avg=before[0], rate_at=before[1])
-    assert _rate_sample(state, snap(rps=rps), now, CFG) == pytest.approx(expected)
+@pytest.mark.parametrize("before, now_values, now, config, expected", [c[1:] for c in RATE_CASES],
+                         ids=[c[0] for c in RATE_CASES])
+def test_rate_sample(before, now_values, now, config, expected):
+    state = PolicyState(rate_avg=before[0], inflight_avg=before[1], rate_at=before[2])
+    rps, inflight = now_values
+    assert _rate_sample(state, snap(rps=rps, inflight=inflight), now, config) == pytest.approx(expected)
 
 
 def test_one_busy_second_moves_the_work_view_by_its_weight():
