@@ -143,6 +143,7 @@ class PolicyState:
     served_over: float = 0.0  # those slower than the SLO
     forecast: tuple[float, float] | None = None  # (at, replicas) of the last FORECAST scale-up
     gaps: tuple[float, ...] = ()  # the last idle gaps: seconds from one activity to the next
+    gap_quantiles: tuple[float, float] | None = None  # their (p10, p90), once gaps_min are known
 
 
 def decide(
@@ -151,9 +152,10 @@ def decide(
 ) -> tuple[ScaleDecision, PolicyState]:
     current = snapshot.ready + snapshot.starting
     active = snapshot.demand > 0 or snapshot.rps > 0
-    gaps = state.gaps
+    gaps, gap_quantiles = state.gaps, state.gap_quantiles
     if active and state.last_active_at is not None and now - state.last_active_at >= config.gap_min_s:
         gaps = (gaps + (now - state.last_active_at,))[-config.gaps_kept:]
+        gap_quantiles = _gap_quantiles(gaps, config)
     last_active_at, onsets = _activity(state, active, now, config)
     budget, served, served_over = _budget_sample(state, snapshot, now, config)
     rate_avg, inflight_avg, rate_at = _rate_sample(state, snapshot, now, config)
@@ -167,7 +169,7 @@ def decide(
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
                         state.slice_fraction, state.slice_at, rate_avg, inflight_avg, rate_at, budget, served, served_over,
-                        state.forecast, gaps)
+                        state.forecast, gaps, gap_quantiles)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -258,7 +260,24 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     return best
 
 
+_FULL_BATCH: dict[tuple, tuple[float, float] | None] = {}  # memo: the same few tables on every tick
+
+
 def full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
+    """The largest batch whose latency fits `budget_s` (memoized: a pure function of its
+    arguments); see _full_batch."""
+    if len(latency) < 2:
+        return None
+    key = (latency, budget_s)
+    found = _FULL_BATCH.get(key, _FULL_BATCH)
+    if found is _FULL_BATCH:
+        if len(_FULL_BATCH) > 4096:
+            _FULL_BATCH.clear()
+        found = _FULL_BATCH[key] = _full_batch(latency, budget_s)
+    return found
+
+
+def _full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
     """The largest batch whose latency fits `budget_s`, as (rows, seconds), interpolated
     between the measured sizes and whole; None for a model that does not batch (fewer than
     two sizes known). Batch 1 always fits: a model slower than its budget still runs.
@@ -456,16 +475,25 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     - else, or with fewer than gaps_min gaps: idle_to_zero_s.
     E.g. gaps 40, 55, 70, 80, 95 s: p90 (the 5th of 5) 95 x 1.1 = 104.5 s > 60 -> 104.5 s.
     Gaps 300, 400, 500, 900 s: p90 900 x 1.1 > 300; p10 300 >= 120 -> 10 s."""
-    gaps = state.gaps
-    if config.keep_alive_max_s <= 0 or len(gaps) < config.gaps_min:
+    if config.keep_alive_max_s <= 0 or state.gap_quantiles is None:
         return spec.idle_to_zero_s
-    ordered = sorted(gaps)
-    high = ordered[math.ceil(0.9 * len(ordered)) - 1] * 1.1
+    low, high = state.gap_quantiles
+    high *= 1.1
     if high <= config.keep_alive_max_s:
         return high if high > spec.idle_to_zero_s else spec.idle_to_zero_s
-    if ordered[math.ceil(0.1 * len(ordered)) - 1] >= 2 * spec.idle_to_zero_s:
+    if low >= 2 * spec.idle_to_zero_s:
         return config.periodic_keep_s if config.periodic_keep_s < spec.idle_to_zero_s else spec.idle_to_zero_s
     return spec.idle_to_zero_s
+
+
+def _gap_quantiles(gaps: tuple[float, ...], config: PolicyConfig) -> tuple[float, float] | None:
+    """(p10, p90) of the idle gaps by rank (ceil(q n)-th smallest), once gaps_min are known;
+    kept in the state when a gap is added, since keep_alive_s is asked on every idle look.
+    E.g. 40, 55, 70, 80, 95: (40, 95)."""
+    if len(gaps) < config.gaps_min:
+        return None
+    ordered = sorted(gaps)
+    return ordered[math.ceil(0.1 * len(ordered)) - 1], ordered[math.ceil(0.9 * len(ordered)) - 1]
 
 
 def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
@@ -606,7 +634,8 @@ def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     inflight = snapshot.inflight
     if config.concurrency_window_s > 0:
         inflight = state.inflight_avg + (inflight - state.inflight_avg) * (
-            1.0 - math.exp(-since / config.concurrency_window_s))
+            weight if config.concurrency_window_s == config.rate_window_s
+            else 1.0 - math.exp(-since / config.concurrency_window_s))
     return state.rate_avg + (snapshot.rps - state.rate_avg) * weight, inflight, now
 
 

@@ -314,7 +314,8 @@ class Simulation:
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._batch_of: dict[int, tuple[tuple[float, float], ...]] = {}  # per function, until its slice changes
+        self._batch_of: dict[int, tuple[float, tuple, int]] = {}  # per function: (replicas' speed, table, version)
+        self._changed = [0] * n  # per function, bumped when its replicas change (invalidates _batch_of)
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -700,23 +701,34 @@ class Simulation:
                 heapq.heappush(self.wakes, (wake, fid))
 
     def _batch_latency(self, fid: int) -> tuple[tuple[float, float], ...]:
-        """The profile's batch latencies on the function's slice, as the controller learns
-        them from a replica's batches (what a real policy knows after some traffic)."""
-        table = self._batch_of.get(fid)
+        """The profile's batch latencies on the slices of the function's replicas (their mean
+        speed), as the controller learns them from the replicas' batches: what a real policy
+        knows after some traffic. After a slice hint, replicas on the old slice still serve,
+        so the table follows the replicas, not the slice new ones will get."""
+        cached = self._batch_of.get(fid)
+        if cached is not None and cached[2] == self._changed[fid]:
+            return cached[1]
+        mine = self.slots[fid]
+        if mine:
+            speed = self.servers.speed
+            key_speed = round(sum(speed[x] for x in mine) / len(mine), 6) if len(mine) > 1 else float(speed[mine[0]])
+        else:
+            key_speed = self.profiles[fid].ref_slice / float(self.func_slice[fid])
+        if cached is not None and cached[0] == key_speed:
+            self._batch_of[fid] = (key_speed, cached[1], self._changed[fid])
+            return cached[1]
+        profile = self.profiles[fid]
+        key = (profile.latency_ms, key_speed)
+        table = self._batch_tables.get(key)
         if table is None:
-            profile, fraction = self.profiles[fid], float(self.func_slice[fid])
-            key = (profile.latency_ms, profile.ref_slice / fraction)
-            table = self._batch_tables.get(key)
-            if table is None:
-                table = tuple((float(b), ms / 1000.0 * key[1]) for b, ms in profile.latency_ms)
-                table = self._batch_tables[key] = table if len(table) > 1 else ()
-            self._batch_of[fid] = table
+            table = tuple((float(b), ms / 1000.0 * key_speed) for b, ms in profile.latency_ms)
+            table = self._batch_tables[key] = table if len(table) > 1 else ()
+        self._batch_of[fid] = (key_speed, table, self._changed[fid])
         return table
 
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
         if decision.slice_fraction is not None:
             self.func_slice[fid] = decision.slice_fraction
-            self._batch_of.pop(fid, None)
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return
@@ -743,6 +755,7 @@ class Simulation:
             self.replica_slot[replica], self.slot_replica[slot] = slot, replica
             self.n_srv[fid] += 1
             self.starts += 1
+            self._changed[fid] += 1
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
@@ -763,6 +776,7 @@ class Simulation:
             srv.remove(slot)
             self.slots[fid].remove(slot)
             self.n_srv[fid] -= 1
+            self._changed[fid] += 1
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:
