@@ -248,7 +248,7 @@ class Controller:
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         duties, rps, deltas, queued = [], 0.0, [], 0.0
-        busy = answered = batches = rows = 0.0
+        busy = answered = batches = rows = windows = 0.0
         for replica, stat in zip(ready, stats):
             if self._dead(replica, stat, now):
                 continue
@@ -261,6 +261,7 @@ class Controller:
             if prev is not None:
                 duties.append(duty_cycle(prev, stat))
                 rps += request_rate(prev, stat)
+                windows += stat.at - prev.at
                 busy += max(0.0, stat.busy_s - prev.busy_s)
                 answered += max(0.0, stat.completed - prev.completed)
                 batches += max(0.0, stat.batches - prev.batches)
@@ -276,7 +277,8 @@ class Controller:
         return MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
             inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
-            duty=tuple(duties), rps=rps, p95_s=quantile(merged, 0.95),
+            duty=tuple(duties), rps=rps, window_s=windows / len(duties) if duties else 0.0,
+            p95_s=quantile(merged, 0.95),
             cold_start_s=self.cold_starts.get(name),
             slice_fraction=float(self.slice_for(spec)) if spec is not None else None,
             service_s=busy / answered if answered else None,

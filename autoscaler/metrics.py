@@ -9,7 +9,10 @@ here reads a clock: `at` is passed in. `serving` may import this module.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +171,10 @@ def merge_buckets(histograms: list[tuple[tuple[float, float], ...]]) -> tuple[tu
     return tuple((le, sum(h[i][1] for h in histograms if len(h) == len(bounds))) for i, le in enumerate(bounds))
 
 
-@dataclass(frozen=True, slots=True)
-class MetricsSnapshot:
-    """What a function looks like at `at`: the input of `decide()`."""
+class MetricsSnapshot(NamedTuple):
+    """What a function looks like at `at`: the input of `decide()`. Immutable; a NamedTuple
+    rather than a frozen dataclass since the simulator builds one per function and tick
+    (a frozen dataclass's __init__ costs about 3.5 us here, this under 1 us)."""
 
     function: str
     at: float
@@ -190,7 +194,8 @@ class MetricsSnapshot:
     # Empty while unknown or for a model that does not batch.
     batch_latency_s: tuple[tuple[float, float], ...] = ()
     over_slo: float = 0.0  # fraction of the window's answered requests slower than the function's SLO
-    extra: dict[str, float] = field(default_factory=dict)
+    window_s: float = 0.0  # the seconds rps was measured over (0: unknown, e.g. between ticks)
+    extra: Mapping[str, float] = MappingProxyType({})  # read-only: one empty default shared by all
 
     @property
     def demand(self) -> float:

@@ -683,7 +683,7 @@ class Simulation:
             snapshot = MetricsSnapshot(
                 self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
                 inflight=lat / dt, activator_queue=activator_queue,
-                duty=(duty,) * ready, rps=n / dt, p95_s=None if p95 != p95 else p95,  # NaN: no request
+                duty=(duty,) * ready, rps=n / dt, window_s=dt, p95_s=None if p95 != p95 else p95,  # NaN: none
                 service_s=busy / n if n else None,
                 cold_start_s=cold, slice_fraction=float(self.func_slice[fid]),
                 batch_latency_s=self._batch_latency(fid), over_slo=over / n if n else 0.0,

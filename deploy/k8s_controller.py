@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autoscaler.metrics import MetricsSnapshot
@@ -177,7 +177,7 @@ class ClusterController:
             snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction))
             poked_at, held = self.pokes.get(name, (0.0, 0))
             if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
-                snapshot = replace(snapshot, activator_queue=held)
+                snapshot = snapshot._replace(activator_queue=held)
             decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
             result.decisions[name] = decision
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))

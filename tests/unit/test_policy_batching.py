@@ -107,13 +107,9 @@ def test_batching_needs_fewer_replicas_than_duty_would():
     replicas; at full batches the same load needs 0.625."""
     spread = snap(ready=7, rps=1000, service=0.004, duty=(1000 / 7 * 0.004,) * 7)
     without = estimate_need(spread, SPEC, CFG)
-    with_profile = estimate_need(MetricsSnapshot(**{**_fields(spread), "batch_latency_s": RESNET}), SPEC, CFG)
+    with_profile = estimate_need(spread._replace(batch_latency_s=RESNET), SPEC, CFG)
     assert without.replicas == pytest.approx(4.0 / 0.7)
     assert with_profile.replicas == pytest.approx(0.625)
-
-
-def _fields(s: MetricsSnapshot) -> dict:
-    return {f: getattr(s, f) for f in s.__dataclass_fields__}
 
 
 # ---------------------------------------------------------------------- the averaged rate
