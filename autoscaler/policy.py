@@ -7,11 +7,19 @@ What it uses that Knative's KPA and Ray Serve's default policy do not:
   scales on the work it does, not on how many requests happen to be open;
 - **p95 latency against the function's SLO**: over its target share of the SLO, the
   need is raised in proportion (bounded), so queueing is seen before it piles up;
+- **batches**: a model that batches is sized on its load at full batches, from the batch
+  latencies learned from its replicas (its duty reads high at any load);
+- **the tail**: an error budget (more than 0.1 % of a window's requests over the SLO adds
+  a spare replica), and for a model that does not batch a **burst view** that serves the
+  requests of one SLO window at the (1 - budget) quantile, from the measured variance of
+  its request rate (`estimate_need`, `_variance_sample`);
 - **replicas still starting** count as capacity, and the **measured cold-start time**
   sets how far ahead the forecast looks;
 - a **burst window** (6 s) that can only raise, and a **scale-down** that waits for a
   whole delay window of lower need, then goes down by at most half per decision;
-- **scale to zero** after `idle_to_zero_s` with nothing in flight or held;
+- **scale to zero** after `idle_to_zero_s` with nothing in flight or held, or later when
+  the function's own idle gaps say the next request most likely comes first
+  (`keep_alive_s`);
 - **forecast pre-warming** from the function's own history: a rising trend is
   extrapolated over the cold-start lead, and a function whose traffic resumes on a
   regular period (a timer) is warmed just before the next expected onset and let go
