@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.conftest import EXAMPLES, start_plane, wait_for
+from tests.conftest import start_plane, wait_for
 
 BODY = {"inputs": [{"name": "image", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}
 
@@ -31,13 +31,31 @@ def _replicas(client, name: str) -> list[dict]:
     return client.status()["functions"].get(name, {}).get("replicas", [])
 
 
+# The emulated resnet's input and output, 40 ms per request: slow enough that 24 users keep
+# 24 requests in flight at the gateway even when this machine is busy and the load generator
+# gets little CPU (with the 4 ms of functions/examples/emulated_resnet.yaml, a starved client
+# kept only a few in flight and the step did not read as one: seen with three CPU burners).
+PROFILE = """kind: profile
+inputs:
+  - {name: image, datatype: FP32, shape: [-1, 3, 8, 8]}
+outputs:
+  - {name: logits, datatype: FP32, shape: [-1, 10]}
+latency_ms: {1: 40.0}
+memory_mib: 1500
+load_s: 0.05
+"""
+
+
 def test_step_scales_out_then_idle_scales_to_zero_on_emulated_devices(tmp_path):
     plane = start_plane(tmp_path / "state", "--devices", "emulated:2x80GiB")
+    profile = tmp_path / "emulated_resnet_40ms.yaml"
+    profile.write_text(PROFILE)
     try:
         with plane.client() as client:
-            # 4 ms per request (emulated profile); target 2 in flight per replica
-            client.deploy(EXAMPLES / "emulated_resnet.yaml", "resnet", slice="1/8", idle_to_zero_s=3,
-                          target_concurrency=2, max_replicas=6)
+            # target 2 in flight per replica; an SLO of 400 ms that the one-user phase meets
+            # on a busy machine too
+            client.deploy(profile, "resnet", slice="1/8", idle_to_zero_s=3, target_concurrency=2, max_replicas=6,
+                          slo_ms=400.0)
             low = asyncio.run(_closed_loop(plane.url, users=1, seconds=2.0))
             assert set(low) == {200}, low
             before = len(_replicas(client, "resnet"))
