@@ -244,7 +244,10 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
       and queueing, so this view stands on its own; a backlog held through a cold start
       is not remembered, see decide()). For a model that batches the target is at least
       what one replica finishes within the p95 target at full batches, e.g. 32 rows per
-      14 ms x 80 ms = 183: such a replica holds a batch in flight by design;
+      14 ms x 80 ms = 183: such a replica holds a batch in flight by design. This holds at
+      zero replicas too: 700 requests held through a cold start ask for ceil(700 / 183) = 4
+      replicas, not 700 / 4 = 175 (that many once filled a 100-GPU cluster in the Azure-like
+      trace, and the functions behind it queued);
     - SLO: p95 over its target raises the work view by p95 / target, at most
       slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57;
     - bursts, for a model that does not batch (its throughput is fixed, where a batcher's
@@ -266,14 +269,17 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
     target_concurrency = spec.target_concurrency
     batched = full_batch(snapshot.batch_latency_s, slo_target_s * config.batch_latency_share)
+    if batched is not None:
+        # requests one replica finishes within the target, at full batches: also at zero, where a
+        # backlog held through a cold start is served in batches too
+        rows, seconds = batched
+        per_replica = rows * slo_target_s / seconds
+        if per_replica > target_concurrency:
+            target_concurrency = per_replica
     if batched is not None and rps > 0:
         # a batching replica's work is its load at full batches: its duty reads high at any load
         # (it takes what is queued), and the fewer replicas, the fuller and cheaper each batch
-        rows, seconds = batched
         measured = rps * seconds / rows
-        per_replica = rows * slo_target_s / seconds  # requests one replica finishes within the target
-        if per_replica > target_concurrency:
-            target_concurrency = per_replica
     else:
         measured = rps * snapshot.service_s if snapshot.service_s else 0.0
         duty_sum = sum(snapshot.duty)

@@ -671,7 +671,8 @@ class Simulation:
         if fresh:  # between ticks: only the held requests are known
             snapshot = MetricsSnapshot(self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
                                        activator_queue=activator_queue, cold_start_s=cold,
-                                       slice_fraction=float(self.func_slice[fid]))
+                                       slice_fraction=float(self.func_slice[fid]),
+                                       batch_latency_s=self._batch_latency(fid))  # known, as the controller keeps it
         else:
             if measured is None:
                 measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),

@@ -88,6 +88,10 @@ BATCH_NEED_CASES = [
     ("slo-boost-applies", snap(rps=1000, batch=RESNET, p95=0.120), 0.4375 / 0.7 * 1.5, "slo"),
     # no rate: the non-batching views (duty 0.35 / 0.7 = 0.5)
     ("no-rate-falls-back", snap(batch=RESNET, duty=(0.35,)), 0.5, "work"),
+    # at zero, 700 held through a cold start: served in batches too, 700 / 182.9 = 3.83 (by the
+    # spec's 4 per replica it would be 175, more than a 100-GPU cluster of 1/4 slices has room for)
+    ("held-at-zero-in-batches", MetricsSnapshot("f", 0.0, activator_queue=700, batch_latency_s=RESNET),
+     700 / (32 * 0.080 / 0.014), "concurrency"),
 ]
 
 
@@ -99,6 +103,13 @@ def test_batching_need(snapshot, replicas, by):
     assert need.replicas == pytest.approx(replicas)
     assert need.by == by
     assert need.detail
+
+
+def test_a_batching_model_from_zero_starts_what_its_backlog_needs_in_batches():
+    """decide() at zero replicas with 700 requests held: ceil(700 / 182.9) = 4 replicas."""
+    held = MetricsSnapshot("f", 0.0, activator_queue=700, batch_latency_s=RESNET)
+    decision, _ = decide(held, ScalingSpec(max_replicas=500), PolicyState(), 0.0, CFG)
+    assert (decision.desired, decision.reason) == (4, "COLD_START")
 
 
 def test_batching_needs_fewer_replicas_than_duty_would():
