@@ -27,6 +27,7 @@ from autoscaler.metrics import (
     MetricsSnapshot,
     ReplicaStat,
     advance_window,
+    batch_window,
     bucket_delta,
     duty_cycle,
     fraction_over,
@@ -248,7 +249,7 @@ class Controller:
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         duties, rps, deltas, queued = [], 0.0, [], 0.0
-        busy = answered = batches = rows = windows = 0.0
+        busy = answered = batches = windows = 0.0
         for replica, stat in zip(ready, stats):
             if self._dead(replica, stat, now):
                 continue
@@ -265,13 +266,12 @@ class Controller:
                 busy += max(0.0, stat.busy_s - prev.busy_s)
                 answered += max(0.0, stat.completed - prev.completed)
                 batches += max(0.0, stat.batches - prev.batches)
-                rows += max(0.0, stat.batch_rows - prev.batch_rows)
             deltas.append(bucket_delta(prev, stat))
         outstanding = self.router.outstanding(name)
         failed = sum(1 for r in ready if r.state == "failed")
-        if batches > 0:
-            self.batch_latency[name] = learn_batch_latency(self.batch_latency.get(name, ()), rows / batches,
-                                                           busy / batches)
+        window = batch_window(batches, answered, busy)  # in requests: rps and in-flight are
+        if window is not None:
+            self.batch_latency[name] = learn_batch_latency(self.batch_latency.get(name, ()), *window)
         learned = self.batch_latency.get(name, ())
         merged = merge_buckets(deltas)
         return MetricsSnapshot(

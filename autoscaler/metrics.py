@@ -140,10 +140,22 @@ def fraction_over(buckets: tuple[tuple[float, float], ...] | list, bound: float)
     return 0.0
 
 
+def batch_window(batches: float, answered: float, busy_s: float) -> tuple[float, float] | None:
+    """(requests per batch, seconds per batch) over a window in which a function's replicas
+    ran `batches` batches, answered `answered` requests and were busy `busy_s` seconds; None
+    without a batch or a request. In requests, not rows: the policy weighs it against requests
+    per second and requests in flight, and one request may carry many rows (1,000-row requests
+    run one at a time are no batching: size 1). E.g. 40 batches, 190 requests, 0.2 s:
+    (4.75, 0.005)."""
+    if batches <= 0 or answered <= 0:
+        return None
+    return answered / batches, busy_s / batches
+
+
 def learn_batch_latency(table: tuple[tuple[float, float], ...], rows: float, seconds: float,
                         weight: float = 0.25) -> tuple[tuple[float, float], ...]:
-    """A function's batch latencies, ((rows, seconds), ...) by rows, after one more window in
-    which its batches averaged `rows` rows and `seconds` each (busy seconds / batches).
+    """A function's batch latencies, ((size, seconds), ...) by size, after one more window in
+    which its batches averaged `rows` requests and `seconds` each (see batch_window).
     Windows are kept by the power of two nearest their mean rows; a window like a kept one
     moves it by `weight` (an EWMA), so the table follows the model as load varies the
     batches. E.g. ((1, .004),) then 7.6 rows in 5.9 ms: bucket 8 is new ->
@@ -189,8 +201,8 @@ class MetricsSnapshot(NamedTuple):
     cold_start_s: float | None = None  # last measured, for cold-start-aware policies
     slice_fraction: float | None = None  # the share of a device new replicas get now
     service_s: float | None = None  # executor seconds per answered request over the window
-    # latency of a batch by its rows on this function's slice, ((rows, seconds), ...), 1 row
-    # first and the largest batch last; learned from the replicas' batches (learn_batch_latency).
+    # latency of a batch by the requests in it on this function's slice, ((requests, seconds), ...),
+    # the smallest first; learned from the replicas' batches (batch_window, learn_batch_latency).
     # Empty while unknown or for a model that does not batch.
     batch_latency_s: tuple[tuple[float, float], ...] = ()
     over_slo: float = 0.0  # fraction of the window's answered requests slower than the function's SLO

@@ -12,7 +12,13 @@ import math
 
 import pytest
 
-from autoscaler.metrics import MetricsSnapshot, fraction_over, learn_batch_latency, parse_replica_metrics
+from autoscaler.metrics import (
+    MetricsSnapshot,
+    batch_window,
+    fraction_over,
+    learn_batch_latency,
+    parse_replica_metrics,
+)
 from autoscaler.policy import (
     DEFAULT_CONFIG,
     Budget,
@@ -324,3 +330,35 @@ def test_batches_are_read_from_the_batch_size_histogram():
     assert (stat.batches, stat.batch_rows, stat.busy_s) == (40.0, 190.0, 0.2)
     table = learn_batch_latency((), stat.batch_rows / stat.batches, stat.busy_s / stat.batches)
     assert len(table) == 1 and table[0] == pytest.approx((4.75, 0.005))
+
+
+BATCH_WINDOW_CASES = [
+    # id, (batches, requests answered, busy s), expected (requests per batch, seconds per batch)
+    # 40 batches answered 190 requests in 0.2 s: 4.75 a batch, 5 ms each
+    ("batching", (40.0, 190.0, 0.2), (4.75, 0.005)),
+    # 1,000-row requests run one at a time: 50 batches, 50 requests: size 1, however many rows
+    ("many-rows-one-request", (50.0, 50.0, 0.25), (1.0, 0.005)),
+    ("no-batch", (0.0, 0.0, 0.0), None),
+    ("no-request", (3.0, 0.0, 0.1), None),
+]
+
+
+@pytest.mark.parametrize("window, expected", [c[1:] for c in BATCH_WINDOW_CASES],
+                         ids=[c[0] for c in BATCH_WINDOW_CASES])
+def test_batch_window(window, expected):
+    got = batch_window(*window)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_large_requests_one_at_a_time_are_no_batching():
+    """A model fed 8-row requests, then 1,000-row ones, one request per batch: by rows the
+    table would hold sizes 8 and 1,000 and the policy would take it for a batcher that
+    finishes 1,000 x 80 / 5 = 16,000 requests within its target; by requests it is one size,
+    so the spec's target concurrency stands: 32 in flight / 1 = 32 replicas needed."""
+    table = learn_batch_latency((), *batch_window(10.0, 10.0, 0.01))  # 8-row requests, 1 ms each
+    table = learn_batch_latency(table, *batch_window(50.0, 50.0, 0.25))  # 1,000-row ones, 5 ms each
+    assert len(table) == 1
+    need = estimate_need(MetricsSnapshot("f", 0.0, ready=1, inflight=32.0, duty=(1.0,), rps=200.0, service_s=0.005,
+                                         batch_latency_s=table if len(table) > 1 else ()),
+                         ScalingSpec(target_concurrency=1.0), CFG)
+    assert (need.by, need.replicas) == ("concurrency", 32.0)
