@@ -269,7 +269,7 @@ class Controller:
             deltas.append(bucket_delta(prev, stat))
         outstanding = self.router.outstanding(name)
         failed = sum(1 for r in ready if r.state == "failed")
-        window = batch_window(batches, answered, busy)  # in requests: rps and in-flight are
+        window = batch_window(batches, answered, busy)  # in requests, the unit of rps and in-flight
         if window is not None:
             self.batch_latency[name] = learn_batch_latency(self.batch_latency.get(name, ()), *window)
         learned = self.batch_latency.get(name, ())

@@ -152,25 +152,25 @@ def batch_window(batches: float, answered: float, busy_s: float) -> tuple[float,
     return answered / batches, busy_s / batches
 
 
-def learn_batch_latency(table: tuple[tuple[float, float], ...], rows: float, seconds: float,
+def learn_batch_latency(table: tuple[tuple[float, float], ...], size: float, seconds: float,
                         weight: float = 0.25) -> tuple[tuple[float, float], ...]:
     """A function's batch latencies, ((size, seconds), ...) by size, after one more window in
-    which its batches averaged `rows` requests and `seconds` each (see batch_window).
-    Windows are kept by the power of two nearest their mean rows; a window like a kept one
+    which its batches averaged `size` requests and `seconds` each (see batch_window).
+    Windows are kept by the power of two nearest their mean size; a window like a kept one
     moves it by `weight` (an EWMA), so the table follows the model as load varies the
-    batches. E.g. ((1, .004),) then 7.6 rows in 5.9 ms: bucket 8 is new ->
-    ((1, .004), (7.6, .0059)); then 8.4 rows in 6.1 ms: (7.6 + .25 x .8, 5.9 + .25 x .2 ms)
+    batches. E.g. ((1, .004),) then 7.6 requests in 5.9 ms: bucket 8 is new ->
+    ((1, .004), (7.6, .0059)); then 8.4 in 6.1 ms: (7.6 + .25 x .8, 5.9 + .25 x .2 ms)
     = (7.8, .00595)."""
-    if not (rows >= 1 and seconds > 0 and math.isfinite(rows) and math.isfinite(seconds)):
+    if not (size >= 1 and seconds > 0 and math.isfinite(size) and math.isfinite(seconds)):
         return table
-    bucket = round(math.log2(rows))
+    bucket = round(math.log2(size))
     out, merged = [], False
     for r, s in table:
         if round(math.log2(r)) == bucket:
-            r, s, merged = r + (rows - r) * weight, s + (seconds - s) * weight, True
+            r, s, merged = r + (size - r) * weight, s + (seconds - s) * weight, True
         out.append((r, s))
     if not merged:
-        out.append((rows, seconds))
+        out.append((size, seconds))
     return tuple(sorted(out))
 
 

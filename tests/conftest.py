@@ -26,6 +26,20 @@ def digits_onnx(tmp_path_factory) -> Path:
     return build_digits_onnx(tmp_path_factory.mktemp("models") / "digits.onnx")
 
 
+def emulated_profile(latency_ms: float, memory_mib: int, load_s: float | None = None) -> str:
+    """An emulated device profile with the input and output of functions/examples/emulated_resnet.yaml
+    and one service time for any batch (slept, not computed: it burns no CPU)."""
+    text = f"""kind: profile
+inputs:
+  - {{name: image, datatype: FP32, shape: [-1, 3, 8, 8]}}
+outputs:
+  - {{name: logits, datatype: FP32, shape: [-1, 10]}}
+latency_ms: {{1: {latency_ms}}}
+memory_mib: {memory_mib}
+"""
+    return text + (f"load_s: {load_s}\n" if load_s is not None else "")
+
+
 def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> int:
     """Signal a process, wait for it, kill it if it takes longer than `timeout`."""
     if proc.poll() is None:

@@ -15,20 +15,12 @@ import pytest
 
 from tests.chaos.load import Load, summary, v2_body
 from tests.chaos.test_faults import EXPLICIT, PROFILE, host_port, ready, replicas_of
-from tests.conftest import start_plane, wait_for
+from tests.conftest import emulated_profile, start_plane, wait_for
 
 pytestmark = pytest.mark.integration
 
 # one replica, 20 ms a request whatever the batch: a capacity of 50 requests a second
-SLOW_PROFILE = """
-kind: profile
-inputs:
-  - {name: image, datatype: FP32, shape: [-1, 3, 8, 8]}
-outputs:
-  - {name: logits, datatype: FP32, shape: [-1, 10]}
-latency_ms: {1: 20.0}
-memory_mib: 1000
-"""
+SLOW_PROFILE = emulated_profile(20.0, 1000)
 CAPACITY_RPS = 50
 BURST_START_S, BURST_S = 4.0, 3.0
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.conftest import start_plane, wait_for
+from tests.conftest import emulated_profile, start_plane, wait_for
 
 BODY = {"inputs": [{"name": "image", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}
 
@@ -35,15 +35,7 @@ def _replicas(client, name: str) -> list[dict]:
 # 24 requests in flight at the gateway even when this machine is busy and the load generator
 # gets little CPU (with the 4 ms of functions/examples/emulated_resnet.yaml, a starved client
 # kept only a few in flight and the step did not read as one: seen with three CPU burners).
-PROFILE = """kind: profile
-inputs:
-  - {name: image, datatype: FP32, shape: [-1, 3, 8, 8]}
-outputs:
-  - {name: logits, datatype: FP32, shape: [-1, 10]}
-latency_ms: {1: 40.0}
-memory_mib: 1500
-load_s: 0.05
-"""
+PROFILE = emulated_profile(40.0, 1500, load_s=0.05)
 
 
 def test_step_scales_out_then_idle_scales_to_zero_on_emulated_devices(tmp_path):
