@@ -163,6 +163,9 @@ class PolicyState(NamedTuple):
     gap_quantiles: tuple[float, float] | None = None  # their (p10, p90), once gaps_min are known
     rate_var: float = 0.0  # EWMA of the rate's variance x its window: requests^2 per second (the burst view)
     rps_last: float | None = None  # the last rate measured over a window, for the next difference
+    # (at, need): the largest need of the delay window as of the last look (the latest of equals),
+    # carried so that a look need not scan the window; None: scan (see _window_peak)
+    peak: tuple[float, float] | None = None
 
 
 def decide(
@@ -186,10 +189,11 @@ def decide(
     # would carry it past the first measured work
     held_through_start = snapshot.ready == 0 and current > 0 and need.by == "concurrency"
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
+    peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
                         state.slice_fraction, state.slice_at, rate_avg, inflight_avg, rate_at, budget, served, served_over,
-                        state.forecast, gaps, gap_quantiles, rate_var, rps_last)
+                        state.forecast, gaps, gap_quantiles, rate_var, rps_last, peak)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -310,7 +314,10 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     return best
 
 
-_FULL_BATCH: dict[tuple, tuple[float, float] | None] = {}  # memo: the same few tables on every tick
+# memo: the same few tables on every tick. Keyed by the table's identity (hashing a tuple of
+# tuples on every look costs more than the answer); the entry keeps the table itself, so an id
+# reused by another table after the first is gone does not match
+_FULL_BATCH: dict[tuple[int, float], tuple[tuple, tuple[float, float] | None]] = {}
 
 
 def full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
@@ -318,13 +325,13 @@ def full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tup
     arguments); see _full_batch."""
     if len(latency) < 2:
         return None
-    key = (latency, budget_s)
-    found = _FULL_BATCH.get(key, _FULL_BATCH)
-    if found is _FULL_BATCH:
+    key = (id(latency), budget_s)
+    found = _FULL_BATCH.get(key)
+    if found is None or found[0] is not latency:
         if len(_FULL_BATCH) > 4096:
             _FULL_BATCH.clear()
-        found = _FULL_BATCH[key] = _full_batch(latency, budget_s)
-    return found
+        found = _FULL_BATCH[key] = (latency, _full_batch(latency, budget_s))
+    return found[1]
 
 
 def _full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
@@ -376,6 +383,23 @@ def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
 def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
     start = bisect.bisect_right(needs, now - window_s - EPS, key=_time_of)
     return max(map(_need_of, needs[start:]), default=0.0)
+
+
+def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, float], ...], now: float,
+                 window_s: float) -> tuple[float, float] | None:
+    """(at, need) of the largest need within `window_s` of `now` (window_max's), the latest of
+    equals, once needs[-1] was added at `now`. From the last look's peak while that is still
+    inside the window (the new need either beats it or not); else, or without one, a scan.
+    E.g. peak (90, 3.0), window 30 s: at 100 a need of 2.0 keeps (90, 3.0), 3.0 gives (100, 3.0);
+    at 121 (90 is out) the window is scanned."""
+    latest = needs[-1]
+    if peak is not None and now - window_s - EPS < peak[0] < latest[0]:
+        return peak if peak[1] > latest[1] else latest
+    best = None
+    for item in needs[bisect.bisect_right(needs, now - window_s - EPS, key=_time_of):]:
+        if best is None or item[1] >= best[1]:
+            best = item
+    return best
 
 
 _time_of = operator.itemgetter(0)
@@ -470,7 +494,11 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         # requests held through a cold start: the starting replicas will take them; more
         # replicas for a backlog whose work is not known yet would come as late
         return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
-    burst = window_max(state.needs, now, config.burst_window_s)
+    # the delay window's largest need, for _scale_down; when the burst window lies inside it
+    # (as by default) and that need fits the current count, the burst window's cannot raise it
+    held = state.peak[1] if state.peak is not None else 0.0  # window_max(state.needs, now, config.scale_down_delay_s)
+    burst = 0.0 if config.burst_window_s <= config.scale_down_delay_s and _ceil(held) <= current \
+        else window_max(state.needs, now, config.burst_window_s)
     # the trend is at most the latest need x trend_max_boost: below the current count it cannot matter
     latest = state.needs[-1][1] if state.needs else 0.0
     trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
@@ -492,7 +520,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             return zero, state
     if snapshot.ready and len(snapshot.duty) < snapshot.ready and snapshot.demand == 0 and need.replicas == 0:
         return ScaleDecision(_bound(current, spec), "NO_DATA", "waiting for a second scrape"), state
-    return _scale_down(spec, state, now, current, config), state
+    return _scale_down(spec, state, now, current, held, config), state
 
 
 def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, idle_s: float,
@@ -546,15 +574,15 @@ def _gap_quantiles(gaps: tuple[float, ...], config: PolicyConfig) -> tuple[float
     return ordered[math.ceil(0.1 * len(ordered)) - 1], ordered[math.ceil(0.9 * len(ordered)) - 1]
 
 
-def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
+def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int, held_need: float,
                 config: PolicyConfig) -> ScaleDecision:
-    """Down only to the largest need of the whole delay window, by at most half, never
-    below one while the function is active. E.g. 8 replicas, needs over the last 30 s
-    at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4. A
-    forecast scale-up counts as a need of its window too (a forecast is not undone by the
+    """Down only to the largest need of the whole delay window (`held_need`), by at most
+    half, never below one while the function is active. E.g. 8 replicas, needs over the
+    last 30 s at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4.
+    A forecast scale-up counts as a need of its window too (a forecast is not undone by the
     next look, before the traffic it foresaw has come)."""
     seen_for = now - state.needs[0][0] if state.needs else 0.0
-    wanted = _ceil(window_max(state.needs, now, config.scale_down_delay_s))
+    wanted = _ceil(held_need)
     if state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS:
         held = _ceil(state.forecast[1])
         if held > wanted:
@@ -563,7 +591,7 @@ def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
     if wanted < floor:
         wanted = floor
     if wanted >= current:
-        return ScaleDecision(_bound(current, spec), "STABLE", "")
+        return _stable(_bound(current, spec))
     if seen_for < config.scale_down_delay_s - EPS:
         return ScaleDecision(_bound(current, spec), "HOLD",
                              f"down to {wanted} after {config.scale_down_delay_s:.0f} s of lower need")
@@ -728,6 +756,18 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     since = now - state.duty_last
     weight = 1.0 - math.exp(-(since if since > 0.0 else 0.0) / config.slice_window_s)
     return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
+
+
+_STABLE: dict[int, ScaleDecision] = {}  # the usual answer, one immutable object per count
+
+
+def _stable(n: int) -> ScaleDecision:
+    found = _STABLE.get(n)
+    if found is None:
+        if len(_STABLE) > 4096:
+            _STABLE.clear()
+        found = _STABLE[n] = ScaleDecision(n, "STABLE", "")
+    return found
 
 
 def _ceil(x: float) -> int:

@@ -31,10 +31,13 @@ from autoscaler.policy import (
     PolicyState,
     ScaleDecision,
     _duty_target,
+    _kept_needs,
+    _window_peak,
     decide,
     estimate_need,
     next_onset,
     trend_need,
+    window_max,
 )
 from functions.spec import ScalingSpec
 
@@ -806,3 +809,30 @@ def test_in_flight_is_averaged_like_kpas_window():
     assert (out[10][1].desired, out[10][1].reason) == (4, "BURST")
     (decision, _), = [decide(snap(held=40), SPEC, PolicyState(), 0.0)]
     assert decision.desired == 8  # 40 held / 4 = 10, capped at max 8: not averaged
+
+
+def test_window_peak_carried_from_look_to_look():
+    """The delay window's largest need, carried in the state: (90, 3.0) stays while inside the
+    30 s window and beats the new need; an equal new need takes over (the latest of equals);
+    once it leaves the window the window is scanned."""
+    needs = ((80.0, 1.0), (90.0, 3.0), (100.0, 2.0))
+    assert _window_peak((90.0, 3.0), needs, 100.0, 30.0) == (90.0, 3.0)
+    assert _window_peak((90.0, 3.0), needs[:2] + ((100.0, 3.0),), 100.0, 30.0) == (100.0, 3.0)
+    later = ((90.0, 3.0), (100.0, 2.0), (121.0, 1.0))
+    assert _window_peak((90.0, 3.0), later, 121.0, 30.0) == (100.0, 2.0)  # 90 <= 121 - 30: scanned
+    assert _window_peak(None, needs, 100.0, 30.0) == (90.0, 3.0)  # none carried: scanned
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0, 31.0]),
+                          st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.25])), min_size=1, max_size=120))
+def test_window_peak_matches_a_scan_of_the_window(looks):
+    """Look after look (gaps of 0.5 to 31 s, needs with many ties), the carried peak is what
+    window_max scans from the needs, for the delay window."""
+    needs, peak, now = (), None, 0.0
+    for gap, need in looks:
+        now += gap
+        needs = _kept_needs(needs, now, need, CFG)
+        peak = _window_peak(peak, needs, now, CFG.scale_down_delay_s)
+        assert peak[1] == window_max(needs, now, CFG.scale_down_delay_s)
+        assert now - CFG.scale_down_delay_s - 1e-9 < peak[0] <= now
