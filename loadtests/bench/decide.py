@@ -33,13 +33,17 @@ def looks(n: int) -> None:
         _, state = decide(snapshot, SPEC, state, float(t))
 
 
+def best_us(n: int = 20000, repeat: int = 15) -> float:
+    """Microseconds per look, the best of `repeat` loops of `n` looks."""
+    return min(timeit.repeat(lambda: looks(n), number=1, repeat=repeat)) / n * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--looks", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args(argv)
-    best = min(timeit.repeat(lambda: looks(args.looks), number=1, repeat=args.repeat))
-    print(f"snapshot + decide(): {best / args.looks * 1e6:.2f} us per look (best of {args.repeat} x {args.looks})")
+    print(f"snapshot + decide(): {best_us(args.looks, args.repeat):.2f} us per look (best of {args.repeat} x {args.looks})")
     return 0
 
 

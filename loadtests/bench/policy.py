@@ -94,8 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         print(render(result))
         print("\n".join(verdicts(name, result)), flush=True)
     seconds = 600.0 if args.quick else 3600.0
+    from loadtests.bench import decide
+
+    # how fast this machine is right now (wall times on this shared VM have varied 1.7x from day
+    # to day): the look the scale run repeats ~2.5 million times, timed alone
+    out["decide_us_per_look"] = round(decide.best_us(20000, 5), 2)
     out["scale"] = [scale_run(tick, seconds) for tick in (1.0, 2.0)]
     print("\n== scale: Shoal, 10,000 functions (azure-like), 1,000 simulated GPUs")
+    print(f"  this machine now: one steady look (snapshot + decide(), loadtests.bench.decide) "
+          f"{out['decide_us_per_look']:.2f} us")
     for s in out["scale"]:
         met = s["wall_s"] <= 60 * seconds / 3600
         print(f"  tick {s['tick_s']:.0f} s: {s['seconds']:.0f} simulated s, {s['requests']:,} requests in "
