@@ -163,8 +163,9 @@ class PolicyState(NamedTuple):
     gap_quantiles: tuple[float, float] | None = None  # their (p10, p90), once gaps_min are known
     rate_var: float = 0.0  # EWMA of the rate's variance x its window: requests^2 per second (the burst view)
     rps_last: float | None = None  # the last rate measured over a window, for the next difference
-    # (at, need): the largest need of the delay window as of the last look (the latest of equals),
-    # carried so that a look need not scan the window; None: scan (see _window_peak)
+    # (at, need): the largest need of the delay window (config.scale_down_delay_s) as of the last
+    # look, the latest of equals, carried so that a look need not scan the window (_window_peak).
+    # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
     peak: tuple[float, float] | None = None
 
 
@@ -315,8 +316,8 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
 
 
 # memo: the same few tables on every tick. Keyed by the table's identity (hashing a tuple of
-# tuples on every look costs more than the answer); the entry keeps the table itself, so an id
-# reused by another table after the first is gone does not match
+# tuples on every look costs more than the answer); the entry keeps its table alive, so that id
+# cannot be taken by another table while the entry exists
 _FULL_BATCH: dict[tuple[int, float], tuple[tuple, tuple[float, float] | None]] = {}
 
 
@@ -367,14 +368,10 @@ def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -
     return spec.target_duty + (high - spec.target_duty) * (1 - ratio) / (1 - low)
 
 
-def record_need(state: PolicyState, now: float, need: float, config: PolicyConfig) -> PolicyState:
-    """Keep the needs of the longest window, plus the newest one older than it, so that
-    "seen for a whole window" can be true whatever the tick."""
-    return state._replace(needs=_kept_needs(state.needs, now, need, config))
-
-
 def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
                 config: PolicyConfig) -> tuple[tuple[float, float], ...]:
+    """Keep the needs of the longest window, plus the newest one older than it, so that
+    "seen for a whole window" can be true whatever the tick."""
     cutoff = now - config.kept_s - EPS
     first_inside = bisect.bisect_right(needs, cutoff, key=_time_of)  # needs are in time order
     return needs[max(0, first_inside - 1):] + ((now, need),)
@@ -389,11 +386,14 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
                  window_s: float) -> tuple[float, float] | None:
     """(at, need) of the largest need within `window_s` of `now` (window_max's), the latest of
     equals, once needs[-1] was added at `now`. From the last look's peak while that is still
-    inside the window (the new need either beats it or not); else, or without one, a scan.
+    inside the window (the new need either beats it or not): the window only moved forward, so
+    every other need in it was in the last one too. Else (it left the window, none is carried,
+    or the clock went back: a wall clock stepped by NTP) a scan.
     E.g. peak (90, 3.0), window 30 s: at 100 a need of 2.0 keeps (90, 3.0), 3.0 gives (100, 3.0);
     at 121 (90 is out) the window is scanned."""
     latest = needs[-1]
-    if peak is not None and now - window_s - EPS < peak[0] < latest[0]:
+    if (peak is not None and now - window_s - EPS < peak[0] < latest[0]
+            and len(needs) > 1 and needs[-2][0] <= latest[0]):
         return peak if peak[1] > latest[1] else latest
     best = None
     for item in needs[bisect.bisect_right(needs, now - window_s - EPS, key=_time_of):]:
@@ -496,8 +496,8 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
     # the delay window's largest need, for _scale_down; when the burst window lies inside it
     # (as by default) and that need fits the current count, the burst window's cannot raise it
-    held = state.peak[1] if state.peak is not None else 0.0  # window_max(state.needs, now, config.scale_down_delay_s)
-    burst = 0.0 if config.burst_window_s <= config.scale_down_delay_s and _ceil(held) <= current \
+    delay_peak = state.peak[1] if state.peak is not None else 0.0  # window_max(needs, now, scale_down_delay_s)
+    burst = 0.0 if config.burst_window_s <= config.scale_down_delay_s and _ceil(delay_peak) <= current \
         else window_max(state.needs, now, config.burst_window_s)
     # the trend is at most the latest need x trend_max_boost: below the current count it cannot matter
     latest = state.needs[-1][1] if state.needs else 0.0
@@ -520,7 +520,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             return zero, state
     if snapshot.ready and len(snapshot.duty) < snapshot.ready and snapshot.demand == 0 and need.replicas == 0:
         return ScaleDecision(_bound(current, spec), "NO_DATA", "waiting for a second scrape"), state
-    return _scale_down(spec, state, now, current, held, config), state
+    return _scale_down(spec, state, now, current, delay_peak, config), state
 
 
 def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, idle_s: float,
@@ -574,15 +574,15 @@ def _gap_quantiles(gaps: tuple[float, ...], config: PolicyConfig) -> tuple[float
     return ordered[math.ceil(0.1 * len(ordered)) - 1], ordered[math.ceil(0.9 * len(ordered)) - 1]
 
 
-def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int, held_need: float,
+def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int, delay_peak: float,
                 config: PolicyConfig) -> ScaleDecision:
-    """Down only to the largest need of the whole delay window (`held_need`), by at most
+    """Down only to the largest need of the whole delay window (`delay_peak`), by at most
     half, never below one while the function is active. E.g. 8 replicas, needs over the
     last 30 s at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4.
     A forecast scale-up counts as a need of its window too (a forecast is not undone by the
     next look, before the traffic it foresaw has come)."""
     seen_for = now - state.needs[0][0] if state.needs else 0.0
-    wanted = _ceil(held_need)
+    wanted = _ceil(delay_peak)
     if state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS:
         held = _ceil(state.forecast[1])
         if held > wanted:

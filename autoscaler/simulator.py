@@ -305,9 +305,8 @@ class Simulation:
         self._cold = self.cold.tolist()  # the same, as Python floats for per-function reads
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
         self.max_batch = np.array([p.max_batch for p in profiles])
-        self.func_slice = np.array([p.slice_fraction for p in profiles])
-        self._slice_of = self.func_slice.tolist()  # the same, as Python floats for per-function reads
-        self._names = list(trace.functions)
+        self._slice_of = [float(p.slice_fraction) for p in profiles]  # per function, the slice new replicas get
+        self._names = trace.functions
         groups: dict[tuple, list[int]] = {}  # functions sharing a latency profile share one table
         for i, p in enumerate(profiles):
             groups.setdefault(p.latency_ms, []).append(i)
@@ -681,7 +680,7 @@ class Simulation:
                 sum(1 for s in mine if srv.ready_at[s] <= now)
         cold = self._cold[fid]
         if fresh:  # between ticks: only the held requests are known
-            snapshot = MetricsSnapshot(self.trace.functions[fid], now, ready=ready, starting=len(mine) - ready,
+            snapshot = MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                        activator_queue=activator_queue, cold_start_s=cold,
                                        slice_fraction=self._slice_of[fid],
                                        batch_latency_s=self._batch_latency(fid))  # known, as the controller keeps it
@@ -740,7 +739,7 @@ class Simulation:
 
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
         if decision.slice_fraction is not None:
-            self.func_slice[fid] = self._slice_of[fid] = decision.slice_fraction
+            self._slice_of[fid] = decision.slice_fraction
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return
@@ -754,7 +753,7 @@ class Simulation:
         profile = self.profiles[fid]
         fraction = self._slice_of[fid]
         memory = int(self.config.gpu_memory_mib * fraction)
-        name = self.trace.functions[fid]
+        name = self._names[fid]
         for _ in range(count):
             self._ids += 1
             replica = f"{name}-{self._ids}"
@@ -777,7 +776,7 @@ class Simulation:
         victims = [self.slot_replica[s] for s in starting[:count]]
         if len(victims) < count:
             chosen = set(victims)
-            rest = self.cluster.scale_down_victims(self.trace.functions[fid], count + len(victims))
+            rest = self.cluster.scale_down_victims(self._names[fid], count + len(victims))
             victims += [r for r in rest if r not in chosen][:count - len(victims)]
         for replica in victims:
             slot = self.replica_slot.pop(replica)

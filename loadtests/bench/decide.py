@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--looks", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args(argv)
-    print(f"snapshot + decide(): {best_us(args.looks, args.repeat):.2f} us per look (best of {args.repeat} x {args.looks})")
+    per_look = best_us(args.looks, args.repeat)
+    print(f"snapshot + decide(): {per_look:.2f} us per look (best of {args.repeat} x {args.looks})")
     return 0
 
 

@@ -824,10 +824,10 @@ def test_window_peak_carried_from_look_to_look():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0, 31.0]),
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 7.0, 31.0]),
                           st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.25])), min_size=1, max_size=120))
 def test_window_peak_matches_a_scan_of_the_window(looks):
-    """Look after look (gaps of 0.5 to 31 s, needs with many ties), the carried peak is what
+    """Look after look (gaps of 0 to 31 s, needs with many ties), the carried peak is what
     window_max scans from the needs, for the delay window."""
     needs, peak, now = (), None, 0.0
     for gap, need in looks:
@@ -836,3 +836,33 @@ def test_window_peak_matches_a_scan_of_the_window(looks):
         peak = _window_peak(peak, needs, now, CFG.scale_down_delay_s)
         assert peak[1] == window_max(needs, now, CFG.scale_down_delay_s)
         assert now - CFG.scale_down_delay_s - 1e-9 < peak[0] <= now
+
+
+def test_window_peak_is_scanned_when_the_clock_goes_back():
+    """A wall clock stepped back (the cluster controller reads time.time): the last look was
+    at 100 with the peak (90, 3.0); a look at 95 must see (68, 5.0) again, inside (65, 95]."""
+    needs = ((68.0, 5.0), (90.0, 3.0), (100.0, 1.0), (95.0, 1.0))
+    assert _window_peak((90.0, 3.0), needs, 95.0, 30.0) != (90.0, 3.0)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(config=st.sampled_from([CFG, INSTANT, PolicyConfig(burst_window_s=40.0)]),
+       looks=st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 7.0, 31.0]), st.integers(0, 4),
+                                st.integers(0, 3), st.sampled_from([0.0, 0.5, 3.0, 9.0, 30.0]),
+                                st.sampled_from([0.0, 10.0, 200.0])), min_size=1, max_size=60))
+def test_a_carried_peak_decides_as_a_scan_would(config, looks):
+    """Whole decisions: every look decided from the carried state and from the same state with
+    its peak dropped (so decide() scans the window) gives the same decision and state, also
+    with a burst window longer than the delay window."""
+    spec = ScalingSpec(max_replicas=8, slo_p95_ms=100.0)
+    carried = scanned = PolicyState()
+    now = 0.0
+    for gap, ready, starting, inflight, rps in looks:
+        now += gap
+        snapshot = MetricsSnapshot("f", now, ready=ready, starting=starting, inflight=inflight, rps=rps,
+                                   service_s=0.004 if rps else None, duty=(min(1.0, rps * 0.004),) * ready,
+                                   p95_s=0.01 if ready and rps else None, cold_start_s=2.0, window_s=1.0)
+        a, carried = decide(snapshot, spec, carried, now, config)
+        b, scanned = decide(snapshot, spec, scanned._replace(peak=None), now, config)
+        assert a == b
+        assert carried == scanned
