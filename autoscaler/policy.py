@@ -383,7 +383,7 @@ def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: flo
 
 
 def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, float], ...], now: float,
-                 window_s: float) -> tuple[float, float] | None:
+                 window_s: float) -> tuple[float, float]:
     """(at, need) of the largest need within `window_s` of `now` (window_max's), the latest of
     equals, once needs[-1] was added at `now`. From the last look's peak while that is still
     inside the window (the new need either beats it or not): the window only moved forward, so
@@ -395,11 +395,8 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
     if (peak is not None and now - window_s - EPS < peak[0] < latest[0]
             and len(needs) > 1 and needs[-2][0] <= latest[0]):
         return peak if peak[1] > latest[1] else latest
-    best = None
-    for item in needs[bisect.bisect_right(needs, now - window_s - EPS, key=_time_of):]:
-        if best is None or item[1] >= best[1]:
-            best = item
-    return best
+    # the newest first, so max() keeps the latest of equals; never empty: needs[-1] is at `now`
+    return max(reversed(needs[bisect.bisect_right(needs, now - window_s - EPS, key=_time_of):]), key=_need_of)
 
 
 _time_of = operator.itemgetter(0)

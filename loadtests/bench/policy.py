@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from loadtests.bench import decide
 
     # how fast this machine is right now (wall times on this shared VM have varied 1.7x from day
-    # to day): the look the scale run repeats ~2.5 million times, timed alone
+    # to day): one steady look timed alone, the kind of work the scale run does ~2.5 million times
     out["decide_us_per_look"] = round(decide.best_us(20000, 5), 2)
     out["scale"] = [scale_run(tick, seconds) for tick in (1.0, 2.0)]
     print("\n== scale: Shoal, 10,000 functions (azure-like), 1,000 simulated GPUs")
