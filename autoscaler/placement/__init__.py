@@ -7,11 +7,13 @@ Owns, after the Kubernetes scheduler framework:
   warm artifact cache) that return 0..100, and the `Profile` that weighs them;
 - `inventory`: the immutable `Inventory` the controller keeps, and `place()`;
 - `cluster`: `SliceCluster`, mutable and numpy-backed, for thousands of devices;
+- `kernel`: the default profiles' plugins in one compiled pass (numba), for `SliceCluster`;
 - `planner`: `plan()` (best-fit decreasing over a batch) and `lower_bound()`.
 
 "Cannot place" is a result with reasons (`Unplaceable`), never an exception.
 
-Pure: stdlib and numpy only. It must not import asyncio, httpx, subprocess,
+Pure: stdlib and numpy (and numba, for `kernel`: the default profiles' filters and
+scorers compiled into one pass, which `SliceCluster` loads when built). It must not import asyncio, httpx, subprocess,
 kubernetes, socket or time (checked by the import-linter contract in pyproject.toml).
 """
 

@@ -1,21 +1,22 @@
 """`SliceCluster`: a mutable inventory of thousands of devices, for the simulator and the controller.
 
 The state is numpy arrays, one entry per device (compute in `UNITS`, memory in
-MiB), so `place()` runs the profile's filter and score plugins as vector
-operations: no Python loop over devices on the hot path. Besides placing and
+MiB). `place()` runs the profile's filter and score plugins in one compiled pass
+over those arrays (`kernel`, for profiles made of the plugins it knows), or as
+numpy vector operations: no Python loop over devices on the hot path. Besides placing and
 releasing, it answers the questions a packing controller asks: which replicas to
 remove so whole devices go idle (`scale_down_victims`), and which to move so
 sparse devices empty (`consolidation_moves`, a proposal only, in the spirit of
 the Kubernetes descheduler's HighNodeUtilization).
 
-Pure: stdlib and numpy only; no I/O, no clock.
+Pure: stdlib, numpy and numba (kernel); no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fractions import Fraction
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -27,8 +28,7 @@ from autoscaler.placement.types import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
+class _Held(NamedTuple):  # one per placement: a NamedTuple is built in a fraction of a frozen dataclass's time
     demand: Demand
     device: int
     units: int
@@ -44,8 +44,11 @@ class SliceCluster:
     in O(1) besides the vector step. Compute is kept in integer `UNITS` and memory
     in MiB, so no sum ever drifts; `profile` picks the plugins and weights."""
 
-    def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK):
+    def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK, compiled: bool = True):
         self.devices = tuple(devices)
+        # compiled: the default profiles run in one compiled pass (placement.kernel); False keeps
+        # to the plugins' numpy steps, the reference the compiled pass is tested against
+        self._compiled = compiled
         self.profile = profile
         self._index = {d.id: i for i, d in enumerate(self.devices)}
         if len(self._index) != len(self.devices):
@@ -70,6 +73,7 @@ class SliceCluster:
         self._by_function: dict[str, set[str]] = {}
         self._warm: dict[str, set[int]] = {}  # function -> nodes that have run it
         self._warm_devices: dict[str, np.ndarray] = {}  # function -> bool per device, rebuilt when a node joins
+        self._on_node: dict[int, np.ndarray] = {}  # node -> bool per device, kept
         self._core_load: dict[int, dict[int, int]] = {}  # cpu device -> core -> replicas
         self._preference: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | int]] = {}
         self._tie_break: dict[tuple[tuple[str, ...], int], np.ndarray] = {}
@@ -79,11 +83,11 @@ class SliceCluster:
 
     @classmethod
     def uniform(cls, count: int, memory_mib: int = 81920, kind: str = "gpu", per_node: int = 8,
-                profile: Profile = BINPACK) -> "SliceCluster":
+                profile: Profile = BINPACK, compiled: bool = True) -> "SliceCluster":
         """`count` identical devices, `per_node` to a node: "gpu:0" .. on "node-0" .."""
         width = len(str(max(count - 1, 0)))
         devices = [Device(f"{kind}:{i:0{width}d}", kind, memory_mib, node=f"node-{i // per_node}") for i in range(count)]
-        return cls(devices, profile)
+        return cls(devices, profile, compiled)
 
     @classmethod
     def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK) -> "SliceCluster":
@@ -107,6 +111,12 @@ class SliceCluster:
     def profile(self, profile: Profile) -> None:
         self._profile = profile
         self._warm_on = profile.weight(plugins.warm_cache) > 0
+        self._weights = None  # the compiled pass's weights; None: the plugins run in numpy
+        if self._compiled:
+            from autoscaler.placement import kernel  # numba loads here: the controller, on Inventory, never needs it
+
+            self._weights = kernel.weights_of(profile)
+            self._kernel = kernel
 
     def copy(self) -> "SliceCluster":
         other = object.__new__(SliceCluster)
@@ -137,6 +147,11 @@ class SliceCluster:
             return Unplaceable(demand.replica, (reason,), Status.ERROR)
         if not self.devices:
             return Unplaceable(demand.replica, ("no devices in the cluster",), Status.UNRESOLVABLE)
+        if self._weights is not None:
+            best, units, mib = self._compiled_choice(demand, allowed)
+            if best >= 0:
+                return self._hold(demand, best, units, mib, None)
+            # nothing fits: the plugins' statuses give the reasons
         request = self._request(demand)
         statuses = plugins.run_filters(self.profile, self._state, request)
         ok = plugins.passing(statuses, len(self.devices))
@@ -149,13 +164,34 @@ class SliceCluster:
         mib = request.mib if isinstance(request.mib, int) else int(request.mib[best])
         return self._hold(demand, best, request.units, mib, None)
 
-    def _request(self, demand: Demand) -> Request:
+    def _compiled_choice(self, demand: Demand, allowed: np.ndarray | None) -> tuple[int, int, int]:
+        """(device index or -1, units, MiB): the plugins' choice from placement.kernel."""
+        kernel = self._kernel
+        units, mib = self._needs(demand)
+        s, profile = self._state, self.profile
+        best = kernel.best_device(
+            s.free_units, s.free_mib, self._memory, units, mib if isinstance(mib, int) else 0,
+            kernel.NONE_I32 if isinstance(mib, int) else mib, self._kinds(demand.kinds)[0],
+            self._tie_break_for(demand.kinds), kernel.NONE_I64 if s.busy_pct is None else s.busy_pct,
+            self._warm_devices[demand.function] if self._warm_on and demand.function in self._warm
+            else kernel.NONE_BOOL,
+            kernel.NONE_I64 if profile.max_per_device is None else self._replicas_per_device(demand.function),
+            profile.max_per_device or 0, kernel.NONE_BOOL if allowed is None else allowed, self._weights,
+            int(profile.smallest_units), int(profile.smallest_mib))
+        return best, units, (mib if isinstance(mib, int) or best < 0 else int(mib[best]))
+
+    def _needs(self, demand: Demand) -> tuple[int, np.ndarray | int]:
+        """(compute units, MiB or MiB per device) a demand asks for."""
         # a need beyond every device never fits: held at "largest + 1", the int32 arithmetic stays in range
         mib = (min(demand.memory_mib, self._beyond_mib) if demand.memory_mib is not None
                else self._share_of_memory(demand.fraction))
         f = demand.fraction
         units = self._units.get((f.numerator, f.denominator)) or self._units.setdefault(
             (f.numerator, f.denominator), min(to_units(f), UNITS + 1))
+        return units, mib
+
+    def _request(self, demand: Demand) -> Request:
+        units, mib = self._needs(demand)
         preference, kind_status = self._kinds(demand.kinds)
         request = plugins.prepare(self._state, Request(demand, units, mib, preference, kind_status))
         if self.profile.max_per_device is not None:
@@ -251,7 +287,9 @@ class SliceCluster:
         nodes = self._warm.setdefault(function, set())
         if node not in nodes:
             nodes.add(node)
-            on_node = self._node == node
+            on_node = self._on_node.get(node)
+            if on_node is None:
+                on_node = self._on_node[node] = self._node == node
             # a new array, not |=: copies of the cluster share these masks
             self._warm_devices[function] = self._warm_devices[function] | on_node if len(nodes) > 1 else on_node
 

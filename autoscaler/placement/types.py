@@ -111,7 +111,8 @@ def memory_for(demand: Demand, device: Device) -> int:
 def invalid(demand: Demand) -> str | None:
     """The Kubernetes framework's PreFilter step: a demand no device could ever take
     because it is malformed (ERROR), rather than because devices are full."""
-    if not 0 < demand.fraction:
+    f = demand.fraction  # a Fraction's sign is its numerator's (comparing Fractions costs microseconds)
+    if not (f.numerator > 0 if isinstance(f, Fraction) else 0 < f):
         return f"slice fraction ({demand.fraction}) must be > 0"
     if demand.memory_mib is not None and demand.memory_mib < 0:
         return f"slice memory_mib ({demand.memory_mib}) must be >= 0"

@@ -435,3 +435,86 @@ def test_slice_cluster_never_over_allocates_and_agrees_with_inventory(devices, o
             assert units <= UNITS and mib <= device.memory_mib
             assert cluster.used(device.id) == (Fraction(units, UNITS), mib) == (
                 Fraction(inventory.used_units(device.id), UNITS), inventory.used(device.id)[1])
+
+
+# The compiled pass (placement.kernel) against the plugins' numpy steps: the same cluster, the same
+# steps, one with each; every answer and the consolidation proposal at the end must be the same.
+PROFILES = [BINPACK, SPREAD, Profile(max_per_device=1), BINPACK.with_scores(least_fragmentation=0, warm_cache=3),
+            SPREAD.with_scores(least_busy=4)]
+busy_op = st.tuples(st.just("busy"), st.integers(0, 200), st.floats(0.0, 1.0))
+mixed_devices = st.lists(
+    st.tuples(st.sampled_from(["gpu", "emulated", "cpu"]), st.sampled_from([16384, 40960, 81920]),
+              st.sampled_from(["n0", "n1", "n2"])), min_size=1, max_size=12,
+).map(lambda specs: tuple(Device(f"{k}:{i}", k, m, node=n) for i, (k, m, n) in enumerate(specs)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(devices=mixed_devices, profile=st.sampled_from(PROFILES), ops=st.lists(st.one_of(op, busy_op), max_size=60))
+def test_the_compiled_pass_chooses_as_the_plugins_do(devices, profile, ops):
+    compiled, reference = SliceCluster(devices, profile), SliceCluster(devices, profile, compiled=False)
+    assert compiled._weights is not None and reference._weights is None  # each runs the path it is meant to
+    placed: list[str] = []
+    for i, step in enumerate(ops):
+        if step[0] == "release":
+            if placed:
+                rid = placed.pop(step[1] % len(placed))
+                assert compiled.release(rid) and reference.release(rid)
+        elif step[0] == "busy":
+            device = devices[step[1] % len(devices)].id
+            compiled.set_device_busy(device, step[2])
+            reference.set_device_busy(device, step[2])
+        else:
+            _, fraction, memory, function, kinds = step
+            d = Demand(f"r{i}", function, fraction, memory, kinds + (("cpu",) if i % 3 == 0 else ()))
+            mine, theirs = compiled.place(d), reference.place(d)
+            assert mine == theirs
+            if isinstance(mine, Placement):
+                placed.append(d.replica)
+    assert compiled.consolidation_moves(8) == reference.consolidation_moves(8)
+
+
+def test_a_profile_with_a_plugin_it_does_not_know_runs_through_the_plugins():
+    def emptiest(devices, request, profile):
+        return request.left_units_pct
+
+    assert SliceCluster([gpu(0)])._weights is not None
+    custom = SliceCluster([gpu(0), gpu(1)], Profile(scores=((emptiest, 1),)))
+    assert custom._weights is None
+    custom.place(demand("a", "1/2"))
+    assert custom.place(demand("b", "1/4")).device.id != custom.device_of("a").id  # emptiest: the other device
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=["binpack", "spread", "anti-affinity", "warm", "busy"])
+def test_the_compiled_pass_chooses_as_the_plugins_do_on_a_busy_cluster(profile):
+    """The same, at a larger scale and seeded: 96 devices of two kinds and three sizes on 12
+    nodes, 3,000 steps (place, release, a duty observed), a consolidation every 500."""
+    import random
+
+    rng = random.Random(7)
+    devices = [Device(f"{'gpu' if i % 5 else 'cpu'}:{i}", "gpu" if i % 5 else "cpu", rng.choice([16384, 40960, 81920]),
+                      node=f"n{i % 12}") for i in range(96)]
+    compiled, reference = SliceCluster(devices, profile), SliceCluster(devices, profile, compiled=False)
+    placed: list[str] = []
+    outcomes = {True: 0, False: 0}
+    for i in range(3000):
+        roll = rng.random()
+        if roll < 0.3 and placed:
+            rid = placed.pop(rng.randrange(len(placed)))
+            assert compiled.release(rid) and reference.release(rid)
+        elif roll < 0.4:
+            device = rng.choice(devices).id
+            duty = rng.random()
+            compiled.set_device_busy(device, duty)
+            reference.set_device_busy(device, duty)
+        else:
+            memory = rng.choice([None, rng.randrange(0, 90000)])
+            d = Demand(f"r{i}", f"f{rng.randrange(20)}", rng.choice(FRACTIONS), memory,
+                       rng.choice([("gpu",), ("gpu", "cpu"), ("cpu",)]))
+            mine, theirs = compiled.place(d), reference.place(d)
+            assert mine == theirs, i
+            outcomes[isinstance(mine, Placement)] += 1
+            if isinstance(mine, Placement):
+                placed.append(d.replica)
+        if i % 500 == 499:
+            assert compiled.consolidation_moves(20) == reference.consolidation_moves(20)
+    assert outcomes[True] > 500 and outcomes[False] > 50  # both paths were taken, many times
