@@ -107,6 +107,8 @@ class SimConfig:
     warmup_s: float = 0.0  # requests and costs before this are simulated but not counted
 
     def __post_init__(self) -> None:
+        if self.gpu_memory_mib < 1:
+            raise ValueError(f"gpu_memory_mib ({self.gpu_memory_mib}) must be >= 1")
         if self.gpus < 1 or self.gpus_per_node < 1:
             raise ValueError(f"gpus ({self.gpus}) and gpus_per_node ({self.gpus_per_node}) must be >= 1")
         if not 0 < self.tick_s <= 60:

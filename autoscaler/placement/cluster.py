@@ -28,6 +28,9 @@ from autoscaler.placement.types import (
 )
 
 
+MAX_DEVICE_MIB = 2**31 // 100 - 1  # 20 TiB: MiB x 100 stays within int32
+
+
 class _Held(NamedTuple):  # one per placement: a NamedTuple is built in a fraction of a frozen dataclass's time
     demand: Demand
     device: int
@@ -46,13 +49,18 @@ class SliceCluster:
 
     def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK, compiled: bool = True):
         self.devices = tuple(devices)
-        # compiled: the default profiles run in one compiled pass (placement.kernel); False keeps
-        # to the plugins' numpy steps, the reference the compiled pass is tested against
+        # compiled: a profile made of the plugins placement.kernel knows (the default ones are)
+        # runs in its one compiled pass; False keeps to the plugins' numpy steps, the reference
+        # the compiled pass is tested against
         self._compiled = compiled
         self.profile = profile
         self._index = {d.id: i for i, d in enumerate(self.devices)}
         if len(self._index) != len(self.devices):
             raise ValueError("device ids must be unique")
+        outside = [d.id for d in self.devices if not 1 <= d.memory_mib <= MAX_DEVICE_MIB]
+        if outside:
+            raise ValueError(f"device memory must be within 1 and {MAX_DEVICE_MIB} MiB (the int32 arithmetic's "
+                             f"range): {', '.join(outside[:3])}")
         n = len(self.devices)
         self._kind_names = sorted({d.kind for d in self.devices})
         self._kind = np.array([self._kind_names.index(d.kind) for d in self.devices], np.int64)
@@ -73,7 +81,9 @@ class SliceCluster:
         self._by_function: dict[str, set[str]] = {}
         self._warm: dict[str, set[int]] = {}  # function -> nodes that have run it
         self._warm_devices: dict[str, np.ndarray] = {}  # function -> bool per device, rebuilt when a node joins
-        self._on_node: dict[int, np.ndarray] = {}  # node -> bool per device, kept
+        # node -> bool per device, kept; a function's mask may be one of these very arrays, so neither
+        # is ever changed in place (shared with copies of the cluster, too)
+        self._on_node: dict[int, np.ndarray] = {}
         self._core_load: dict[int, dict[int, int]] = {}  # cpu device -> core -> replicas
         self._preference: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | int]] = {}
         self._tie_break: dict[tuple[tuple[str, ...], int], np.ndarray] = {}
@@ -90,9 +100,10 @@ class SliceCluster:
         return cls(devices, profile, compiled)
 
     @classmethod
-    def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK) -> "SliceCluster":
+    def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK,
+                       compiled: bool = True) -> "SliceCluster":
         """The same devices and allocations, to plan on at scale."""
-        cluster = cls(inventory.devices, profile)
+        cluster = cls(inventory.devices, profile, compiled)
         for a in inventory.allocations:
             i = cluster._index[a.device]
             demand = Demand(a.replica, a.function, a.fraction, a.memory_mib, (cluster.devices[i].kind,))
@@ -148,10 +159,12 @@ class SliceCluster:
         if not self.devices:
             return Unplaceable(demand.replica, ("no devices in the cluster",), Status.UNRESOLVABLE)
         if self._weights is not None:
-            best, units, mib = self._compiled_choice(demand, allowed)
-            if best >= 0:
-                return self._hold(demand, best, units, mib, None)
-            # nothing fits: the plugins' statuses give the reasons
+            index, units, mib = self._compiled_choice(demand, allowed)
+            if index >= 0:
+                return self._hold(demand, index, units, mib, None)
+            # nothing passed: the plugins' statuses give the reasons (not their scores: were the
+            # compiled pass wrong to find nothing, this answer differs from the plugins', and shows)
+            return self._unplaceable(demand, plugins.run_filters(self.profile, self._state, self._request(demand)))
         request = self._request(demand)
         statuses = plugins.run_filters(self.profile, self._state, request)
         ok = plugins.passing(statuses, len(self.devices))
@@ -165,20 +178,26 @@ class SliceCluster:
         return self._hold(demand, best, request.units, mib, None)
 
     def _compiled_choice(self, demand: Demand, allowed: np.ndarray | None) -> tuple[int, int, int]:
-        """(device index or -1, units, MiB): the plugins' choice from placement.kernel."""
-        kernel = self._kernel
+        """(device index or -1, compute units, MiB on that device): placement.kernel's choice,
+        the device the plugins would choose."""
+        kernel, state, profile = self._kernel, self._state, self.profile
         units, mib = self._needs(demand)
-        s, profile = self._state, self.profile
+        per_device = not isinstance(mib, int)  # a share of each device's memory
+        warm = self._warm_on and demand.function in self._warm
+        limited = profile.max_per_device is not None
         best = kernel.best_device(
-            s.free_units, s.free_mib, self._memory, units, mib if isinstance(mib, int) else 0,
-            kernel.NONE_I32 if isinstance(mib, int) else mib, self._kinds(demand.kinds)[0],
-            self._tie_break_for(demand.kinds), kernel.NONE_I64 if s.busy_pct is None else s.busy_pct,
-            self._warm_devices[demand.function] if self._warm_on and demand.function in self._warm
-            else kernel.NONE_BOOL,
-            kernel.NONE_I64 if profile.max_per_device is None else self._replicas_per_device(demand.function),
-            profile.max_per_device or 0, kernel.NONE_BOOL if allowed is None else allowed, self._weights,
-            int(profile.smallest_units), int(profile.smallest_mib))
-        return best, units, (mib if isinstance(mib, int) or best < 0 else int(mib[best]))
+            state.free_units, state.free_mib, self._memory, units,
+            0 if per_device else mib, mib if per_device else kernel.NONE_I32,
+            self._kinds(demand.kinds)[0], self._tie_break_for(demand.kinds),
+            kernel.NONE_I64 if state.busy_pct is None else state.busy_pct,
+            self._warm_devices[demand.function] if warm else kernel.NONE_BOOL,
+            self._replicas_per_device(demand.function) if limited else kernel.NONE_I64,
+            profile.max_per_device if limited else 0,
+            kernel.NONE_BOOL if allowed is None else allowed,
+            self._weights, int(profile.smallest_units), int(profile.smallest_mib))
+        if best < 0:
+            return -1, units, 0
+        return best, units, int(mib[best]) if isinstance(mib, np.ndarray) else mib
 
     def _needs(self, demand: Demand) -> tuple[int, np.ndarray | int]:
         """(compute units, MiB or MiB per device) a demand asks for."""

@@ -16,7 +16,8 @@ statuses for its reasons), goes through the plugins in numpy.
 
 Pure: numpy and numba only; no clock. numba writes the compiled code to its cache
 (`cache=True`, next to this file or in numba's cache directory), so a process loads
-it instead of compiling for about a second.
+it (numba and the kernel, under a second) instead of compiling it (about two); where
+no cache directory is writable, each process compiles it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from autoscaler.placement import plugins
-from autoscaler.placement.types import UNITS
+from autoscaler.placement import plugins, types
+
+# A device's compute units (types.UNITS), written here: numba's cache is keyed by this file
+# alone and freezes the globals it reads, so a change of UNITS must change this file too
+UNITS = 720720
+if UNITS != types.UNITS:
+    raise ImportError(f"placement.kernel has UNITS {UNITS}, placement.types {types.UNITS}: make them agree")
 
 # the plugins compiled here, in the order of the weights array
 SCORERS = (plugins.binpack, plugins.spread, plugins.least_fragmentation, plugins.least_busy, plugins.warm_cache)
@@ -52,10 +58,9 @@ SIGNATURE = ("int64(int32[::1], int32[::1], int32[::1], int64, int64, int32[::1]
              "int64[::1], bool[::1], int64[::1], int64, bool[::1], int64[::1], int64, int64)")
 
 
-@njit(SIGNATURE, cache=True, nogil=True)
-def best_device(free_units, free_mib, capacity_mib, units, mib, mib_each, preference, tie_break,
-                busy_pct, warm, same_function, max_per_device, allowed, weights, smallest_units,
-                smallest_mib):  # pragma: no cover - compiled; the Python source is the reference only
+def _best_device(free_units, free_mib, capacity_mib, units, mib, mib_each, preference, tie_break,
+                 busy_pct, warm, same_function, max_per_device, allowed, weights, smallest_units,
+                 smallest_mib):  # pragma: no cover - runs compiled (best_device)
     """The index of the device plugins.choose() picks, or -1 when none passes every filter."""
     n = free_units.shape[0]
     w_binpack, w_spread, w_fragmentation, w_busy, w_warm = weights[0], weights[1], weights[2], weights[3], weights[4]
@@ -92,3 +97,10 @@ def best_device(free_units, free_mib, capacity_mib, units, mib, mib_each, prefer
         if key > best_key:
             best, best_key = i, key
     return best
+
+
+# error_model="numpy": a division by zero (a device of 0 MiB) gives 0 as in the plugins, not an exception
+try:
+    best_device = njit(SIGNATURE, cache=True, nogil=True, error_model="numpy")(_best_device)
+except RuntimeError:  # numba found no writable cache directory: compile in this process instead
+    best_device = njit(SIGNATURE, nogil=True, error_model="numpy")(_best_device)

@@ -230,6 +230,9 @@ class Profile:
     active: tuple[tuple[Plugin, np.ndarray | None], ...] = field(init=False, repr=False, compare=False)  # weight > 0
 
     def __post_init__(self) -> None:
+        negative = [f"{p.__name__} {w}" for p, w in self.scores if not isinstance(w, int) or w < 0]
+        if negative:
+            raise ValueError(f"score weights must be whole numbers >= 0, got {', '.join(negative)}")
         object.__setattr__(self, "smallest_units", np.array(to_units(self.smallest_slice)))
         object.__setattr__(self, "smallest_mib", np.array(self.smallest_memory_mib))
         object.__setattr__(self, "max_total", int(MAX_SCORE) * sum(w for _, w in self.scores))
@@ -290,7 +293,8 @@ def tie_break(preference: np.ndarray, id_rank: np.ndarray, profile: Profile) -> 
 
 def choose(ok: np.ndarray, total, base: np.ndarray) -> int | None:
     """The index of the device to use, or None when no device passed the filters."""
-    key = (total * len(base) + base) * ok  # a device that passed has key > 0: its preference is >= 1
+    # int64: large weights on many devices would overflow the scores' int32
+    key = (total * np.int64(len(base)) + base) * ok  # a device that passed has key > 0: its preference is >= 1
     best = int(key.argmax())
     return best if key[best] > 0 else None
 

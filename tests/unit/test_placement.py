@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from autoscaler.placement import (
     BINPACK, SPREAD, UNITS, Allocation, Demand, Device, Inventory, Placement, Profile, SliceCluster, Status,
-    Unplaceable, lower_bound, place, plan, to_units,
+    Unplaceable, binpack, least_busy, least_fragmentation, lower_bound, place, plan, spread, to_units, warm_cache,
 )
 from autoscaler.placement import plugins
 from autoscaler.placement.plugins import Devices, Request
@@ -396,7 +396,7 @@ def test_inventory_reasons_name_each_device_with_numbers():
 
 # ---- properties ----------------------------------------------------------------------------
 
-FRACTIONS = [Fraction(1, d) for d in (1, 2, 3, 4, 8, 16, 17)] + [Fraction(3, 4), Fraction(3, 8)]
+FRACTIONS = [Fraction(1, d) for d in (1, 2, 3, 4, 8, 16, 17)] + [Fraction(3, 4), Fraction(3, 8), Fraction(3, 2)]
 op = st.one_of(
     st.tuples(st.just("place"), st.sampled_from(FRACTIONS), st.one_of(st.none(), st.integers(0, 90000)),
               st.sampled_from(["f", "g", "h"]), st.sampled_from([("gpu",), ("emulated",), ("emulated", "gpu")])),
@@ -441,15 +441,23 @@ def test_slice_cluster_never_over_allocates_and_agrees_with_inventory(devices, o
 # steps, one with each; every answer and the consolidation proposal at the end must be the same.
 PROFILES = [BINPACK, SPREAD, Profile(max_per_device=1), BINPACK.with_scores(least_fragmentation=0, warm_cache=3),
             SPREAD.with_scores(least_busy=4)]
-busy_op = st.tuples(st.just("busy"), st.integers(0, 200), st.floats(0.0, 1.0))
+busy_op = st.tuples(st.just("busy"), st.integers(0, 200), st.floats(-0.5, 1.7))
 mixed_devices = st.lists(
-    st.tuples(st.sampled_from(["gpu", "emulated", "cpu"]), st.sampled_from([16384, 40960, 81920]),
+    st.tuples(st.sampled_from(["gpu", "emulated", "cpu"]), st.sampled_from([1, 1000, 16384, 40960, 81919, 81920]),
               st.sampled_from(["n0", "n1", "n2"])), min_size=1, max_size=12,
 ).map(lambda specs: tuple(Device(f"{k}:{i}", k, m, node=n) for i, (k, m, n) in enumerate(specs)))
+any_profile = st.builds(
+    lambda filters, weights, limit, smallest, smallest_mib: Profile(
+        filters, tuple(zip((binpack, spread, least_fragmentation, least_busy, warm_cache), weights, strict=True)),
+        limit, smallest, smallest_mib),
+    st.permutations(Profile().filters).map(tuple), st.lists(st.integers(0, 7), min_size=5, max_size=5),
+    st.one_of(st.none(), st.integers(0, 3)), st.sampled_from([Fraction(1, 8), Fraction(1, 4)]),
+    st.sampled_from([1024, 4096]))
 
 
 @settings(max_examples=200, deadline=None)
-@given(devices=mixed_devices, profile=st.sampled_from(PROFILES), ops=st.lists(st.one_of(op, busy_op), max_size=60))
+@given(devices=mixed_devices, profile=st.one_of(st.sampled_from(PROFILES), any_profile),
+       ops=st.lists(st.one_of(op, busy_op), max_size=60))
 def test_the_compiled_pass_chooses_as_the_plugins_do(devices, profile, ops):
     compiled, reference = SliceCluster(devices, profile), SliceCluster(devices, profile, compiled=False)
     assert compiled._weights is not None and reference._weights is None  # each runs the path it is meant to
@@ -518,3 +526,25 @@ def test_the_compiled_pass_chooses_as_the_plugins_do_on_a_busy_cluster(profile):
         if i % 500 == 499:
             assert compiled.consolidation_moves(20) == reference.consolidation_moves(20)
     assert outcomes[True] > 500 and outcomes[False] > 50  # both paths were taken, many times
+
+
+def test_the_compiled_pass_at_the_stranded_memory_boundary():
+    """Fragmentation alone, a 1/2 slice with 80896 MiB: on the 81920 MiB device 1024 MiB are
+    left, exactly the smallest usable (not starved: stranded 0, score 100); on the 81919 MiB
+    one 1023 are left (starved: the 1/2 of compute left is stranded, 50 // 2 = 25, score 75).
+    The first wins, though the tie-break would favour the second."""
+    devices = [gpu(0), gpu(1, memory_mib=81919)]
+    profile = Profile(scores=((least_fragmentation, 1),))
+    for cluster in (SliceCluster(devices, profile), SliceCluster(devices, profile, compiled=False)):
+        assert cluster.place(demand("r", "1/2", 80896)).device.id == "gpu:0"
+
+
+@pytest.mark.parametrize("memory_mib", [0, 2**31 // 100])
+def test_devices_outside_the_arithmetics_range_are_refused(memory_mib):
+    with pytest.raises(ValueError, match="device memory must be within 1 and 21474835 MiB"):
+        SliceCluster([gpu(0), gpu(1, memory_mib=memory_mib)])
+
+
+def test_negative_score_weights_are_refused():
+    with pytest.raises(ValueError, match="score weights must be whole numbers >= 0, got binpack -1"):
+        BINPACK.with_scores(binpack=-1)

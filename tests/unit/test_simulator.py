@@ -586,6 +586,7 @@ def test_warmup_must_be_whole_ticks(warmup, tick):
 
 @pytest.mark.parametrize("make, match", [
     (lambda: SimConfig(gpus=0), "gpus"),
+    (lambda: SimConfig(gpu_memory_mib=0), "gpu_memory_mib"),
     (lambda: SimConfig(tick_s=0), "tick_s"),
     (lambda: SimConfig(timeout_s=0), "timeout_s"),
     (lambda: SimConfig(warmup_s=-1), "warmup_s"),
