@@ -167,6 +167,7 @@ class PolicyState(NamedTuple):
     # look, the latest of equals, carried so that a look need not scan the window (_window_peak).
     # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
     peak: tuple[float, float] | None = None
+    rps_last_at: float | None = None  # when rps_last was measured: the next difference waits for a disjoint window
 
 
 def decide(
@@ -181,7 +182,7 @@ def decide(
         gap_quantiles = _gap_quantiles(gaps, config)
     last_active_at, onsets = _activity(state, active, now, config)
     budget, served, served_over = _budget_sample(state, snapshot, now, config)
-    rate_var, rps_last = _variance_sample(state, snapshot, now, config)
+    rate_var, rps_last, rps_last_at = _variance_sample(state, snapshot, now, config)
     rate_avg, inflight_avg, rate_at = _rate_sample(state, snapshot, now, config)
     need = estimate_need(snapshot, spec, config, rate_avg, inflight_avg, rate_var)
     if budget.spare and need.replicas > 0 and snapshot.ready:
@@ -194,7 +195,7 @@ def decide(
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
                         state.slice_fraction, state.slice_at, rate_avg, inflight_avg, rate_at, budget, served, served_over,
-                        state.forecast, gaps, gap_quantiles, rate_var, rps_last, peak)
+                        state.forecast, gaps, gap_quantiles, rate_var, rps_last, peak, rps_last_at)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -714,29 +715,32 @@ def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
 
 
 def _variance_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
-                     config: PolicyConfig) -> tuple[float, float | None]:
-    """(rate_var, rps_last) after this snapshot. rate_var is an EWMA (time constant
-    dispersion_window_s, from 0) of half the squared difference between this rate and the
-    last one, times the window they were measured over: von Neumann's mean square
+                     config: PolicyConfig) -> tuple[float, float | None, float | None]:
+    """(rate_var, rps_last, rps_last_at) after this snapshot. rate_var is an EWMA (time
+    constant dispersion_window_s, from 0) of half the squared difference between this rate
+    and the last one, times the window they were measured over: von Neumann's mean square
     successive difference, the variance of the request count in a window over its length,
     requests^2 per second. Differences of successive windows, not deviations from an
     average, so that a ramp or a step (from zero, too) reads as one burst, not as a minute
     of them. Poisson traffic at rate r gives r; renewal traffic with inter-arrival CV c
     about r x c^2 (Cox), so it reads burstiness without assuming a model. E.g. 1,000 then
     1,120 requests in 1 s windows 1 s apart: 120^2 x 1 / 2 = 7,200, weighing 1 - e^(-1/60)
-    = 1.65 %. Unchanged without a window (a look between ticks), and the first rate is only
-    remembered."""
+    = 1.65 %. The two windows must not overlap: a rate over 30 s read every 2 s (Prometheus'
+    rate()) is compared with the one read 30 s before, not the last, whose window shares 28 s
+    with it (their difference would read a 30th of the variance); a window a little longer
+    than the time since (a late scrape) waits a look. Unchanged without a window (a look
+    between ticks) or before a disjoint one, and the first rate is only remembered."""
     if not snapshot.window_s or config.dispersion_window_s <= 0:
-        return state.rate_var, state.rps_last
-    if state.rps_last is None or state.rate_at is None:
-        return state.rate_var, snapshot.rps
-    since = now - state.rate_at
-    if since <= 0.0:
-        return state.rate_var, state.rps_last
+        return state.rate_var, state.rps_last, state.rps_last_at
+    if state.rps_last is None or state.rps_last_at is None:
+        return state.rate_var, snapshot.rps, now
+    since = now - state.rps_last_at
+    if since < snapshot.window_s - EPS or since <= 0.0:
+        return state.rate_var, state.rps_last, state.rps_last_at
     diff = snapshot.rps - state.rps_last
     sample = diff * diff * snapshot.window_s * 0.5
     return state.rate_var + (sample - state.rate_var) * (1.0 - math.exp(-since / config.dispersion_window_s)), \
-        snapshot.rps
+        snapshot.rps, now
 
 
 def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,

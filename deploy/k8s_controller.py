@@ -5,10 +5,13 @@ One tick, while this controller holds the Lease:
 1. read the functions (ConfigMaps labelled `shoal.dev/kind=function`: the spec as JSON and its
    revision, written by the control API);
 2. observe their Deployments (desired and ready replicas);
-3. ask Prometheus, per function, for what the policy needs (`function_queries`): request rate,
-   the duty cycle of each replica's slice, p95 latency, requests inside replicas and held at the
-   gateway's activator, executor seconds per request; build the `MetricsSnapshot`
-   (`snapshot_from_results`, pure);
+3. ask Prometheus, per function, for what the policy needs (`cluster_queries`): request rate,
+   the duty cycle of each replica's slice, p95 latency and the latency histogram (the share of
+   requests over the function's SLO, for the error budget), requests inside replicas and held
+   at the gateway's activator, executor seconds per request, batches run (the batch latencies
+   the controller learns, as `shoal up` does); build the `MetricsSnapshot`
+   (`snapshot_from_results`, pure), whose rates were measured over the query window (the
+   burst view compares rates of windows that do not overlap);
 4. `decide()`, then `KubernetesBackend.reconcile()` with every function's desired count.
 
 A follower does nothing but try for the Lease. Prometheus being unreachable is not zero load: a
@@ -23,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.metrics import MetricsSnapshot, batch_window, fraction_over, learn_batch_latency
 from autoscaler.policy import PolicyState, ScaleDecision, decide
 from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict, items_of
 from functions.spec import FunctionSpec, spec_from_dict
@@ -32,11 +35,12 @@ log = logging.getLogger("shoal.k8s.controller")
 
 FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
 WINDOW = "30s"
+WINDOW_S = 30.0  # the same, in seconds: what the rates of a snapshot were measured over
 POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
 
 
 def cluster_queries(window: str = WINDOW) -> dict[str, str]:
-    """PromQL for every function's snapshot at once: seven queries a tick, whatever the number of
+    """PromQL for every function's snapshot at once: nine queries a tick, whatever the number of
     functions (one per function would make a tick outlast the Lease on a large cluster)."""
     by = "by (function)"
     return {
@@ -48,6 +52,8 @@ def cluster_queries(window: str = WINDOW) -> dict[str, str]:
         "queued": f"sum {by} (shoal_replica_queued)",
         "held": f"sum {by} (shoal_activator_queue_depth)",
         "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
+        "buckets": f"sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[{window}]))",
+        "batches": f"sum {by} (rate(shoal_replica_batch_size_count[{window}]))",
     }
 
 
@@ -70,9 +76,27 @@ def _scalar(result: list[dict[str, Any]]) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], ...]:
+    """The cumulative histogram ((le, requests per second), ...) of a `buckets` vector, by bound
+    (pure); buckets that are not numbers are left out."""
+    out = []
+    for sample in result:
+        try:
+            bound, value = float((sample.get("metric") or {})["le"]), float(sample["value"][1])
+        except (KeyError, ValueError):
+            continue
+        if not math.isnan(bound) and math.isfinite(value):
+            out.append((bound, value))
+    return tuple(sorted(out))
+
+
 def snapshot_from_results(function: str, now: float, observed: Observed | None, results: dict[str, list],
-                          slice_fraction: float | None = None) -> MetricsSnapshot:
-    """A MetricsSnapshot from the `data.result` vectors of `function_queries` (pure)."""
+                          slice_fraction: float | None = None, slo_s: float | None = None,
+                          batch_latency: tuple[tuple[float, float], ...] = (),
+                          window_s: float = WINDOW_S) -> MetricsSnapshot:
+    """A MetricsSnapshot from the `data.result` vectors of `cluster_queries` (pure): with the
+    function's SLO, the share of the window's requests over it; with the batch latencies
+    learned so far (`learn_batch`), the table the policy sizes a batching model on."""
     rps = _scalar(results.get("rps", [])) or 0.0
     busy = _scalar(results.get("busy", [])) or 0.0
     # the busiest `ready` pods: a pod still starting, or gone within the window, shows little work and
@@ -87,7 +111,20 @@ def snapshot_from_results(function: str, now: float, observed: Observed | None, 
         activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
         rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
         service_s=busy / rps if rps > 0 else None,
+        batch_latency_s=batch_latency if len(batch_latency) > 1 else (),
+        over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
+        window_s=window_s,
     )
+
+
+def learn_batch(table: tuple[tuple[float, float], ...], results: dict[str, list]) -> tuple[tuple[float, float], ...]:
+    """The function's batch latencies after this window (metrics.learn_batch_latency): its
+    batches, requests answered and busy seconds, all as rates over the window, give the
+    requests per batch and the seconds per batch (pure). E.g. 8 batches/s, 38 requests/s,
+    0.04 busy s/s: 4.75 requests in 5 ms."""
+    window = batch_window(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
+                          _scalar(results.get("busy", [])) or 0.0)
+    return table if window is None else learn_batch_latency(table, *window)
 
 
 class ConfigMapFunctions:
@@ -139,6 +176,7 @@ class ClusterController:
                                                                                clock)
         self.lease, self.lease_s = lease, lease_s
         self.state: dict[str, PolicyState] = {}
+        self.batch_latency: dict[str, tuple[tuple[float, float], ...]] = {}  # learned per function (learn_batch)
         self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held) from a gateway
         self.is_leader = False
         self.last_observed: dict[str, Observed] = {}
@@ -153,6 +191,7 @@ class ClusterController:
         self.is_leader = self.backend.lead(self.lease, self.lease_s)
         if not self.is_leader:
             self.state.clear()  # a new leader starts from what it measures, not from stale windows
+            self.batch_latency.clear()
             return TickResult(leader=False)
         now = self.clock()
         # a poke counts POKE_TTL_S: older ones are dropped, so names poked once are not kept forever
@@ -174,7 +213,9 @@ class ClusterController:
                 desired[name] = Desired(spec, revision, keep, self.artifact(spec))
                 continue
             results = per_function.get(name, {})
-            snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction))
+            learned = self.batch_latency[name] = learn_batch(self.batch_latency.get(name, ()), results)
+            snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction),
+                                             spec.scaling.slo_p95_ms / 1000.0, learned)
             poked_at, held = self.pokes.get(name, (0.0, 0))
             if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
                 snapshot = snapshot._replace(activator_queue=held)

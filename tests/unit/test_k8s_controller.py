@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from deploy.backends.kubernetes import KubernetesBackend, Observed
@@ -12,6 +14,7 @@ from deploy.k8s_controller import (
     ConfigMapFunctions,
     by_function,
     cluster_queries,
+    learn_batch,
     snapshot_from_results,
 )
 from deploy.manifests.render import Cluster
@@ -24,11 +27,40 @@ def vector(*values: float, label: str | None = None, function: str = "digits") -
              "value": [1795320000.0, repr(v)]} for i, v in enumerate(values)]
 
 
-def test_seven_queries_for_every_function_at_once():
+def test_nine_queries_for_every_function_at_once():
     q = cluster_queries()
-    assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy"}
+    assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy", "buckets", "batches"}
     assert q["rps"] == "sum by (function) (rate(shoal_replica_requests_total[30s]))"
     assert q["duty"] == "sum by (function, pod) (rate(shoal_replica_busy_seconds_total[30s]))"
+    assert q["buckets"] == "sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[30s]))"
+    assert q["batches"] == "sum by (function) (rate(shoal_replica_batch_size_count[30s]))"
+
+
+def buckets(*pairs: tuple[str, float], function: str = "digits") -> list[dict]:
+    """A `buckets` vector: one sample per `le` bound, requests per second at or under it."""
+    return [{"metric": {"function": function, "le": le}, "value": [1795320000.0, repr(v)]} for le, v in pairs]
+
+
+def test_over_slo_from_the_latency_histogram():
+    # 100 req/s: 90 within 0.1 s, 99 within 0.25 s, all within +Inf; SLO 0.2 s:
+    # 90 + 9 x (0.2 - 0.1) / (0.25 - 0.1) = 96 at or under it -> 4 % over
+    results = {"rps": vector(100.0), "buckets": buckets(("+Inf", 100.0), ("0.1", 90.0), ("0.25", 99.0), ("x", 5.0))}
+    s = snapshot_from_results("digits", 0.0, Observed("digits", 1, 1, 1), results, slo_s=0.2)
+    assert s.over_slo == pytest.approx(0.04)
+    assert s.window_s == 30.0  # the rates were measured over the query window
+    assert snapshot_from_results("digits", 0.0, None, results).over_slo == 0.0  # no SLO given
+    assert snapshot_from_results("digits", 0.0, None, {"buckets": []}, slo_s=0.2).over_slo == 0.0  # no requests
+
+
+def test_batch_latencies_are_learned_from_rates_over_the_window():
+    # 8 batches/s answering 38 requests/s with 0.04 busy s/s: 38 / 8 = 4.75 requests in 0.04 / 8 = 5 ms
+    window = {"batches": vector(8.0), "rps": vector(38.0), "busy": vector(0.04)}
+    table = learn_batch(((1.0, 0.004),), window)
+    assert [x for pair in table for x in pair] == pytest.approx([1.0, 0.004, 4.75, 0.005])
+    assert learn_batch(table, {"rps": vector(38.0)}) == table  # no batch in the window: unchanged
+    s = snapshot_from_results("digits", 0.0, None, window, batch_latency=table)
+    assert s.batch_latency_s == table
+    assert snapshot_from_results("digits", 0.0, None, window, batch_latency=((1.0, 0.004),)).batch_latency_s == ()
 
 
 def test_by_function_splits_the_vectors():
@@ -87,7 +119,7 @@ def test_tick_scales_out_on_load_and_only_the_leader_acts():
     kube, clock = FakeKube(), Clock()
     deploy_function(kube)
     load = {"rps": vector(200.0), "busy": vector(0.0), "inflight": vector(12.0), "held": vector(0.0),
-            "queued": vector(0.0), "duty": [], "p95_s": vector(0.01)}
+            "queued": vector(0.0), "duty": [], "p95_s": vector(0.01), "buckets": [], "batches": []}
 
     def query(promql: str) -> list[dict]:
         key = next(k for k, q in cluster_queries().items() if q == promql)
@@ -146,7 +178,8 @@ def test_a_bad_config_map_does_not_stop_the_others_nor_delete_what_runs():
 def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_queue():
     kube, clock = FakeKube(), Clock()
     deploy_function(kube)
-    quiet = {"rps": [], "busy": [], "inflight": [], "held": [], "queued": [], "duty": [], "p95_s": []}
+    quiet = {"rps": [], "busy": [], "inflight": [], "held": [], "queued": [], "duty": [], "p95_s": [], "buckets": [],
+             "batches": []}
 
     def query(promql: str) -> list[dict]:
         return quiet[next(k for k, q in cluster_queries().items() if q == promql)]
@@ -175,3 +208,48 @@ def test_old_pokes_are_forgotten():
     clock.t += 2  # the 1000 are 6 s old, "recent" 2 s
     c.tick()
     assert set(c.pokes) == {"recent"}
+
+
+@pytest.mark.parametrize("over_pct, expected", [(0.0, 1), (5.0, 2)])
+def test_requests_over_the_slo_reach_the_error_budget(over_pct, expected):
+    """One ready replica, 40 req/s of 10 ms and 1 in flight: the work and concurrency views say
+    one replica. With 5 % of requests over the 100 ms SLO (more than the 0.1 % budget), the
+    budget's first 30 s window adds a spare replica; with none over, nothing changes."""
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube, min_replicas=1)
+    within = 40.0 * (1 - over_pct / 100)
+    load = {"rps": vector(40.0), "busy": vector(0.4), "inflight": vector(1.0), "held": vector(0.0),
+            "queued": vector(0.0), "duty": vector(0.4, label="fn-digits"), "p95_s": vector(0.05),
+            "buckets": buckets(("0.05", within), ("0.1", within), ("0.25", 40.0), ("+Inf", 40.0)), "batches": []}
+    c = controller(kube, lambda promql: load[next(k for k, q in cluster_queries().items() if q == promql)], clock)
+    c.tick()
+    kube.deployments[("shoal", "fn-digits")]["status"]["readyReplicas"] = 1
+    for _ in range(40):
+        clock.t += 1
+        c.tick()
+    assert kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"] == expected
+
+
+def test_the_burst_view_compares_rates_of_windows_that_do_not_overlap():
+    """Rates over 30 s read every second: the rate's variance is sampled every 30 s, from the
+    rates of two disjoint windows, not from two windows that share 29 s. 40 req/s, then 70
+    from the 31st second: at 1030 s, 30^2 x 30 / 2 = 13,500 weighing w = 1 - e^(-30/60); at
+    1060 s no difference, so it decays by e^(-30/60)."""
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube, min_replicas=1)
+    load = {"rps": vector(40.0), "busy": vector(0.4), "inflight": vector(1.0), "held": vector(0.0),
+            "queued": vector(0.0), "duty": vector(0.4, label="fn-digits"), "p95_s": vector(0.05), "buckets": [],
+            "batches": []}
+    c = controller(kube, lambda promql: load[next(k for k, q in cluster_queries().items() if q == promql)], clock)
+    sampled_at = set()
+    for i in range(61):
+        load["rps"] = vector(40.0 if i < 30 else 70.0)
+        c.tick()
+        sampled_at.add(c.state["digits"].rps_last_at)
+        if i == 29:
+            assert c.state["digits"].rate_var == 0.0  # 40 req/s throughout: no difference yet
+        if i == 30:
+            assert c.state["digits"].rate_var == pytest.approx(13500 * (1 - math.exp(-0.5)))
+        clock.t += 1
+    assert sampled_at == {1000.0, 1030.0, 1060.0}
+    assert c.state["digits"].rate_var == pytest.approx(13500 * (1 - math.exp(-0.5)) * math.exp(-0.5))

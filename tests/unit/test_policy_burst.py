@@ -35,28 +35,41 @@ def test_z_follows_the_miss_budget():
 
 
 VARIANCE_CASES = [
-    # id, state (rps_last, rate_at, rate_var), rps, window s, now, config, expected (rate_var, rps_last)
-    ("first-rate-remembered", (None, None, 0.0), 1120.0, 1.0, 1.0, CFG, (0.0, 1120.0)),
+    # id, state (rps_last, rps_last_at, rate_var), rps, window s, now, config,
+    # expected (rate_var, rps_last, rps_last_at)
+    ("first-rate-remembered", (None, None, 0.0), 1120.0, 1.0, 1.0, CFG, (0.0, 1120.0, 1.0)),
     # 1,000 then 1,120 in 1 s windows: 120^2 x 1 / 2 = 7,200, weighing 1 - e^(-1/60) = 1.65 %: 119
-    ("first-difference", (1000.0, 0.0, 0.0), 1120.0, 1.0, 1.0, CFG, (7200 * D1, 1120.0)),
+    ("first-difference", (1000.0, 0.0, 0.0), 1120.0, 1.0, 1.0, CFG, (7200 * D1, 1120.0, 1.0)),
     # then an EWMA: 16,000 + (7,200 - 16,000) x 0.01653 = 15,855
-    ("averaged", (1000.0, 0.0, 16000.0), 1120.0, 1.0, 1.0, CFG, (16000 + (7200 - 16000) * D1, 1120.0)),
+    ("averaged", (1000.0, 0.0, 16000.0), 1120.0, 1.0, 1.0, CFG, (16000 + (7200 - 16000) * D1, 1120.0, 1.0)),
     # a second like the last pulls it down by its weight: 16,000 x (1 - 0.01653) = 15,735
-    ("a-steady-second", (1000.0, 0.0, 16000.0), 1000.0, 1.0, 1.0, CFG, (16000 * (1 - D1), 1000.0)),
+    ("a-steady-second", (1000.0, 0.0, 16000.0), 1000.0, 1.0, 1.0, CFG, (16000 * (1 - D1), 1000.0, 1.0)),
     # 2 s windows 2 s apart: 120^2 x 2 / 2 = 14,400, weighing 1 - e^(-2/60) = 3.28 %
-    ("two-second-window", (1000.0, 0.0, 0.0), 1120.0, 2.0, 2.0, CFG, (14400 * (1 - math.exp(-2 / 60)), 1120.0)),
+    ("two-second-window", (1000.0, 0.0, 0.0), 1120.0, 2.0, 2.0, CFG,
+     (14400 * (1 - math.exp(-2 / 60)), 1120.0, 2.0)),
     # a step from zero is one difference: 1,000^2 / 2 x 1.65 % = 8,264, not a minute of deviations
-    ("step-from-zero", (0.0, 0.0, 0.0), 1000.0, 1.0, 1.0, CFG, (500000 * D1, 1000.0)),
-    ("no-window-unchanged", (1000.0, 0.0, 16000.0), 5000.0, 0.0, 1.0, CFG, (16000.0, 1000.0)),
-    ("same-instant-unchanged", (1000.0, 1.0, 16000.0), 5000.0, 1.0, 1.0, CFG, (16000.0, 1000.0)),
-    ("off", (1000.0, 0.0, 16000.0), 5000.0, 1.0, 1.0, PolicyConfig(dispersion_window_s=0.0), (16000.0, 1000.0)),
+    ("step-from-zero", (0.0, 0.0, 0.0), 1000.0, 1.0, 1.0, CFG, (500000 * D1, 1000.0, 1.0)),
+    # Prometheus' rate() over 30 s read every 2 s: 2 s after the last sample the windows share
+    # 28 s, so nothing is taken (the first rate and its time are kept) ...
+    ("overlapping-windows-wait", (1000.0, 100.0, 16000.0), 1120.0, 30.0, 102.0, CFG, (16000.0, 1000.0, 100.0)),
+    # ... nor 29.9 s after it ...
+    ("overlapping-windows-wait-29.9", (1000.0, 100.0, 16000.0), 1120.0, 30.0, 129.9, CFG, (16000.0, 1000.0, 100.0)),
+    # ... until 30 s after it: 120^2 x 30 / 2 = 216,000, weighing 1 - e^(-30/60) = 39.3 %
+    ("disjoint-30-second-windows", (1000.0, 100.0, 0.0), 1120.0, 30.0, 130.0, CFG,
+     (216000 * (1 - math.exp(-0.5)), 1120.0, 130.0)),
+    # a late tick: 31 s after it, the same difference weighs 1 - e^(-31/60)
+    ("a-late-tick", (1000.0, 100.0, 0.0), 1120.0, 30.0, 131.0, CFG,
+     (216000 * (1 - math.exp(-31 / 60)), 1120.0, 131.0)),
+    ("no-window-unchanged", (1000.0, 0.0, 16000.0), 5000.0, 0.0, 1.0, CFG, (16000.0, 1000.0, 0.0)),
+    ("same-instant-unchanged", (1000.0, 1.0, 16000.0), 5000.0, 1.0, 1.0, CFG, (16000.0, 1000.0, 1.0)),
+    ("off", (1000.0, 0.0, 16000.0), 5000.0, 1.0, 1.0, PolicyConfig(dispersion_window_s=0.0), (16000.0, 1000.0, 0.0)),
 ]
 
 
 @pytest.mark.parametrize("before, rps, window, now, config, expected", [c[1:] for c in VARIANCE_CASES],
                          ids=[c[0] for c in VARIANCE_CASES])
 def test_variance_sample(before, rps, window, now, config, expected):
-    state = PolicyState(rps_last=before[0], rate_at=before[1], rate_var=before[2])
+    state = PolicyState(rps_last=before[0], rps_last_at=before[1], rate_var=before[2])
     assert _variance_sample(state, snap(rps=rps, window=window), now, config) == pytest.approx(expected)
 
 
