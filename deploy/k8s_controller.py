@@ -9,7 +9,8 @@ One tick, while this controller holds the Lease:
    the duty cycle of each replica's slice, p95 latency and the latency histogram (the share of
    requests over the function's SLO, for the error budget), requests inside replicas and held
    at the gateway's activator, executor seconds per request, batches run (the batch latencies
-   the controller learns, as `shoal up` does); build the `MetricsSnapshot`
+   the controller learns, as `shoal up` does), and the cold start last measured on the cluster
+   (`ColdStarts`, from the Deployments' ready counts); build the `MetricsSnapshot`
    (`snapshot_from_results`, pure), whose rates were measured over the query window (the
    burst view compares rates of windows that do not overlap);
 4. `decide()`, then `KubernetesBackend.reconcile()` with every function's desired count.
@@ -93,7 +94,7 @@ def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], 
 def snapshot_from_results(function: str, now: float, observed: Observed | None, results: dict[str, list],
                           slice_fraction: float | None = None, slo_s: float | None = None,
                           batch_latency: tuple[tuple[float, float], ...] = (),
-                          window_s: float = WINDOW_S) -> MetricsSnapshot:
+                          window_s: float = WINDOW_S, cold_start_s: float | None = None) -> MetricsSnapshot:
     """A MetricsSnapshot from the `data.result` vectors of `cluster_queries` (pure): with the
     function's SLO, the share of the window's requests over it; with the batch latencies
     learned so far (`learn_batch`), the table the policy sizes a batching model on."""
@@ -110,7 +111,7 @@ def snapshot_from_results(function: str, now: float, observed: Observed | None, 
         inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
         activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
         rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
-        service_s=busy / rps if rps > 0 else None,
+        service_s=busy / rps if rps > 0 else None, cold_start_s=cold_start_s,
         batch_latency_s=batch_latency if len(batch_latency) > 1 else (),
         over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
         window_s=window_s,
@@ -159,6 +160,40 @@ class ConfigMapFunctions:
 
 
 @dataclass
+class ColdStarts:
+    """Cold starts measured on the cluster, per function: from the tick that asked for more
+    replicas than were ready to the first tick that sees that many ready (the pods' scheduling,
+    image pull, start and model load; to within a tick). The latest is what the policy reads
+    as the function's cold start (its forecast looks that far ahead), as `shoal up` reads the
+    latest replica's. Pure: the caller gives the times."""
+
+    pending: dict[str, tuple[float, int]] = field(default_factory=dict)  # function -> (asked at, replicas)
+    latest: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, function: str, now: float, ready: int) -> None:
+        """A tick saw `ready` replicas ready: a scale-up they complete is measured."""
+        asked = self.pending.get(function)
+        if asked is not None and ready >= asked[1]:
+            self.latest[function] = now - asked[0]
+            del self.pending[function]
+
+    def ask(self, function: str, now: float, desired: int, ready: int) -> None:
+        """This tick asks for `desired` replicas: more than are ready starts a measurement, unless
+        one runs (a later, larger ask waits for the first one's replicas); fewer ends it."""
+        asked = self.pending.get(function)
+        if desired <= ready:
+            self.pending.pop(function, None)
+        elif asked is None:
+            self.pending[function] = (now, desired)
+        elif desired < asked[1]:
+            self.pending[function] = (asked[0], desired)  # asked for fewer meanwhile: wait for those
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.latest.clear()
+
+
+@dataclass
 class TickResult:
     leader: bool
     decisions: dict[str, ScaleDecision] = field(default_factory=dict)
@@ -177,6 +212,7 @@ class ClusterController:
         self.lease, self.lease_s = lease, lease_s
         self.state: dict[str, PolicyState] = {}
         self.batch_latency: dict[str, tuple[tuple[float, float], ...]] = {}  # learned per function (learn_batch)
+        self.cold_starts = ColdStarts()
         self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held) from a gateway
         self.is_leader = False
         self.last_observed: dict[str, Observed] = {}
@@ -192,6 +228,7 @@ class ClusterController:
         if not self.is_leader:
             self.state.clear()  # a new leader starts from what it measures, not from stale windows
             self.batch_latency.clear()
+            self.cold_starts.clear()
             return TickResult(leader=False)
         now = self.clock()
         # a poke counts POKE_TTL_S: older ones are dropped, so names poked once are not kept forever
@@ -214,13 +251,17 @@ class ClusterController:
                 continue
             results = per_function.get(name, {})
             learned = self.batch_latency[name] = learn_batch(self.batch_latency.get(name, ()), results)
+            ready = have.ready if have else 0
+            self.cold_starts.observe(name, now, ready)
             snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction),
-                                             spec.scaling.slo_p95_ms / 1000.0, learned)
+                                             spec.scaling.slo_p95_ms / 1000.0, learned,
+                                             cold_start_s=self.cold_starts.latest.get(name))
             poked_at, held = self.pokes.get(name, (0.0, 0))
             if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
                 snapshot = snapshot._replace(activator_queue=held)
             decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
             result.decisions[name] = decision
+            self.cold_starts.ask(name, now, decision.desired, ready)
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
         if not self.backend.lead(self.lease, self.lease_s):  # a slow tick may have lost the Lease meanwhile
             self.is_leader = False

@@ -11,6 +11,7 @@ from deploy.backends.kubernetes import KubernetesBackend, Observed
 from deploy.k8s import artifact_for
 from deploy.k8s_controller import (
     ClusterController,
+    ColdStarts,
     ConfigMapFunctions,
     by_function,
     cluster_queries,
@@ -253,3 +254,59 @@ def test_the_burst_view_compares_rates_of_windows_that_do_not_overlap():
         clock.t += 1
     assert sampled_at == {1000.0, 1030.0, 1060.0}
     assert c.state["digits"].rate_var == pytest.approx(13500 * (1 - math.exp(-0.5)) * math.exp(-0.5))
+
+
+COLD_START_CASES = [
+    # id, steps: ("ask", t, desired, ready) | ("observe", t, ready); expected latest (None: none measured)
+    ("measured-when-all-ready", [("ask", 0, 3, 0), ("observe", 5, 2), ("observe", 9, 3)], 9.0),
+    ("no-scale-up-no-measure", [("ask", 0, 2, 2), ("observe", 5, 2)], None),
+    # a larger ask while one runs waits for the first: 3 ready at 8 s closes the first (8 s)
+    ("a-larger-ask-waits", [("ask", 0, 3, 0), ("ask", 4, 6, 1), ("observe", 8, 3)], 8.0),
+    # asked for fewer meanwhile: 2 ready complete it (from the first ask, 0 s: 7 s)
+    ("asked-for-fewer", [("ask", 0, 5, 0), ("ask", 3, 2, 1), ("observe", 7, 2)], 7.0),
+    # scaled down to what is ready: nothing to measure any more
+    ("scale-down-ends-it", [("ask", 0, 5, 1), ("ask", 3, 1, 1), ("observe", 9, 5)], None),
+]
+
+
+@pytest.mark.parametrize("steps, expected", [c[1:] for c in COLD_START_CASES], ids=[c[0] for c in COLD_START_CASES])
+def test_cold_starts(steps, expected):
+    cold = ColdStarts()
+    for step in steps:
+        if step[0] == "ask":
+            cold.ask("f", float(step[1]), step[2], step[3])
+        else:
+            cold.observe("f", float(step[1]), step[2])
+    assert cold.latest.get("f") == expected
+
+
+def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
+    import deploy.k8s_controller as k8s_controller
+
+    snapshots = []
+
+    def recorded(*args, **kwargs):
+        snapshots.append(k8s_controller_snapshot(*args, **kwargs))
+        return snapshots[-1]
+
+    k8s_controller_snapshot = k8s_controller.snapshot_from_results
+    monkeypatch.setattr(k8s_controller, "snapshot_from_results", recorded)
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube)
+    load = {"rps": [], "busy": [], "inflight": vector(4.0), "held": vector(0.0), "queued": [], "duty": [],
+            "p95_s": [], "buckets": [], "batches": []}
+    seen = []
+
+    def query(promql: str) -> list[dict]:
+        return load[next(k for k, q in cluster_queries().items() if q == promql)]
+
+    c = controller(kube, query, clock)
+    assert c.tick().applied == ["create digits to 2"]  # 4 in flight / 2 per replica
+    for _ in range(12):
+        clock.t += 1
+        if clock.t == 1012.0:
+            kube.deployments[("shoal", "fn-digits")]["status"]["readyReplicas"] = 2  # ready 12 s after the ask
+        c.tick()
+        seen.append(c.cold_starts.latest.get("digits"))
+    assert seen == [None] * 11 + [12.0]
+    assert [x.cold_start_s for x in snapshots] == [None] * 12 + [12.0]  # what decide() was given
