@@ -725,9 +725,9 @@ def _variance_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     of them. Poisson traffic at rate r gives r; renewal traffic with inter-arrival CV c
     about r x c^2 (Cox), so it reads burstiness without assuming a model. E.g. 1,000 then
     1,120 requests in 1 s windows 1 s apart: 120^2 x 1 / 2 = 7,200, weighing 1 - e^(-1/60)
-    = 1.65 %. The two windows must not overlap: a rate over 30 s read every 2 s (Prometheus'
-    rate()) is compared with the one read 30 s before, not the last, whose window shares 28 s
-    with it (their difference would read a 30th of the variance); a window a little longer
+    = 1.65 %. The two windows must not overlap: a rate over 30 s read every second (Prometheus'
+    rate()) is compared with the one read 30 s before, not the last, whose window shares 29 s
+    with it (their difference would read about a 30th of the variance); a window a little longer
     than the time since (a late scrape) waits a look. Unchanged without a window (a look
     between ticks) or before a disjoint one, and the first rate is only remembered."""
     if not snapshot.window_s or config.dispersion_window_s <= 0:

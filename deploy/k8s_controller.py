@@ -35,8 +35,8 @@ from functions.spec import FunctionSpec, spec_from_dict
 log = logging.getLogger("shoal.k8s.controller")
 
 FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
-WINDOW = "30s"
-WINDOW_S = 30.0  # the same, in seconds: what the rates of a snapshot were measured over
+WINDOW_S = 30.0  # what the rates of a snapshot are measured over
+WINDOW = f"{WINDOW_S:g}s"  # the same in PromQL: "30s"
 POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
 
 
@@ -161,32 +161,52 @@ class ConfigMapFunctions:
 
 @dataclass
 class ColdStarts:
-    """Cold starts measured on the cluster, per function: from the tick that asked for more
-    replicas than were ready to the first tick that sees that many ready (the pods' scheduling,
-    image pull, start and model load; to within a tick). The latest is what the policy reads
-    as the function's cold start (its forecast looks that far ahead), as `shoal up` reads the
-    latest replica's. Pure: the caller gives the times."""
+    """Cold starts measured on the cluster, per function: from the tick that raised the
+    Deployment's replicas to the first tick that sees that many ready (the pods' scheduling,
+    image pull, start and model load; to within a tick). Each raise is measured on its own, so
+    a second one while the first is starting reads its own time. The latest is what the policy
+    reads as the function's cold start (its forecast looks that far ahead), as `shoal up` reads
+    the latest replica's. Fewer ready than asked without a raise (a pod restarting, a readiness
+    probe failing, a Deployment a new leader finds mid-scale) is no cold start; a wait longer
+    than MAX_S is a wait for capacity (pods Pending on a full cluster), not one either. Pure:
+    the caller gives the times."""
 
-    pending: dict[str, tuple[float, int]] = field(default_factory=dict)  # function -> (asked at, replicas)
+    MAX_S = 900.0
+
+    pending: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # function -> [(asked at, replicas)]
     latest: dict[str, float] = field(default_factory=dict)
 
     def observe(self, function: str, now: float, ready: int) -> None:
-        """A tick saw `ready` replicas ready: a scale-up they complete is measured."""
-        asked = self.pending.get(function)
-        if asked is not None and ready >= asked[1]:
-            self.latest[function] = now - asked[0]
+        """A tick saw `ready` replicas ready: the raises they complete are measured."""
+        steps = self.pending.get(function)
+        if not steps:
+            return
+        for asked_at, target in steps:
+            if ready >= target and 0.0 <= now - asked_at <= self.MAX_S:
+                self.latest[function] = now - asked_at
+        left = [(at, target) for at, target in steps if ready < target and now - at <= self.MAX_S]
+        if left:
+            self.pending[function] = left
+        else:
             del self.pending[function]
 
-    def ask(self, function: str, now: float, desired: int, ready: int) -> None:
-        """This tick asks for `desired` replicas: more than are ready starts a measurement, unless
-        one runs (a later, larger ask waits for the first one's replicas); fewer ends it."""
-        asked = self.pending.get(function)
-        if desired <= ready:
+    def ask(self, function: str, now: float, desired: int, replicas: int, ready: int) -> None:
+        """This tick asks for `desired` replicas where the Deployment has `replicas`, `ready` of
+        them ready: a raise starts a measurement; asking for fewer caps the running ones (they
+        wait for what is still asked), and for no more than are ready ends them."""
+        steps = [(at, min(target, desired)) for at, target in self.pending.get(function, []) if desired > ready]
+        if desired > replicas and desired > ready:
+            steps.append((now, desired))
+        if steps:
+            self.pending[function] = steps
+        else:
             self.pending.pop(function, None)
-        elif asked is None:
-            self.pending[function] = (now, desired)
-        elif desired < asked[1]:
-            self.pending[function] = (asked[0], desired)  # asked for fewer meanwhile: wait for those
+
+    def keep_only(self, functions: set[str]) -> None:
+        """Forget functions that are gone (a name deployed again later starts afresh)."""
+        for table in (self.pending, self.latest):
+            for name in [n for n in table if n not in functions]:
+                del table[name]
 
     def clear(self) -> None:
         self.pending.clear()
@@ -242,8 +262,15 @@ class ClusterController:
             log.warning("metrics unavailable (%s); every function keeps its replica count", exc)
             per_function = None
         functions = self.functions.functions()
+        names = set(functions) | getattr(self.functions, "broken", set())
+        for table in (self.state, self.batch_latency):  # functions that are gone are forgotten
+            for gone in [n for n in table if n not in names]:
+                del table[gone]
+        self.cold_starts.keep_only(names)
         for name, (spec, revision) in sorted(functions.items()):
             have = observed.get(name)
+            ready = have.ready if have else 0
+            self.cold_starts.observe(name, now, ready)  # also while Prometheus is down
             if per_function is None:
                 result.unread.append(name)
                 keep = have.replicas if have else spec.scaling.min_replicas
@@ -251,8 +278,6 @@ class ClusterController:
                 continue
             results = per_function.get(name, {})
             learned = self.batch_latency[name] = learn_batch(self.batch_latency.get(name, ()), results)
-            ready = have.ready if have else 0
-            self.cold_starts.observe(name, now, ready)
             snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction),
                                              spec.scaling.slo_p95_ms / 1000.0, learned,
                                              cold_start_s=self.cold_starts.latest.get(name))
@@ -261,7 +286,7 @@ class ClusterController:
                 snapshot = snapshot._replace(activator_queue=held)
             decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
             result.decisions[name] = decision
-            self.cold_starts.ask(name, now, decision.desired, ready)
+            self.cold_starts.ask(name, now, decision.desired, have.replicas if have else 0, ready)
             desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
         if not self.backend.lead(self.lease, self.lease_s):  # a slow tick may have lost the Lease meanwhile
             self.is_leader = False

@@ -217,7 +217,7 @@ def test_controller_decides_the_same_from_promql_as_from_direct_scrapes(tmp_path
 
 
 def _cluster_queries_select_the_function(prometheus_url: str) -> None:
-    """The cluster controller's seven queries (deploy/k8s_controller.py) against this real Prometheus:
+    """The cluster controller's nine queries (deploy/k8s_controller.py) against this real Prometheus:
     they parse, and select the function's series by its label. (Here the targets have no `pod` label,
     so duty is one series; on a cluster the ServiceMonitor adds one per pod.)"""
     from deploy.k8s_controller import by_function, cluster_queries, prometheus_query, snapshot_from_results
@@ -225,10 +225,12 @@ def _cluster_queries_select_the_function(prometheus_url: str) -> None:
     query = prometheus_query(prometheus_url)
     split = by_function({key: query(q) for key, q in cluster_queries().items()})
     digits = split["digits"]
-    assert {"rps", "busy", "duty", "p95_s", "inflight", "queued"} <= set(digits), digits.keys()
-    snapshot = snapshot_from_results("digits", time.time(), None, digits)
+    assert {"rps", "busy", "duty", "p95_s", "inflight", "queued", "buckets", "batches"} <= set(digits), digits.keys()
+    snapshot = snapshot_from_results("digits", time.time(), None, digits, slo_s=0.0001)
     assert snapshot.rps > 0 and snapshot.service_s is not None and snapshot.service_s > 0
     assert snapshot.p95_s is not None and 0 < snapshot.p95_s < 5
+    assert snapshot.over_slo > 0.5  # a tenth of a millisecond: hardly any request is that fast
+    assert {s["metric"]["le"] for s in digits["buckets"]} >= {"+Inf"}  # one sample per bound
 
 
 def _ready(client) -> dict | None:

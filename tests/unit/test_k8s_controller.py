@@ -45,7 +45,8 @@ def buckets(*pairs: tuple[str, float], function: str = "digits") -> list[dict]:
 def test_over_slo_from_the_latency_histogram():
     # 100 req/s: 90 within 0.1 s, 99 within 0.25 s, all within +Inf; SLO 0.2 s:
     # 90 + 9 x (0.2 - 0.1) / (0.25 - 0.1) = 96 at or under it -> 4 % over
-    results = {"rps": vector(100.0), "buckets": buckets(("+Inf", 100.0), ("0.1", 90.0), ("0.25", 99.0), ("x", 5.0))}
+    results = {"rps": vector(100.0), "buckets": buckets(("+Inf", 100.0), ("0.1", 90.0), ("0.25", 99.0), ("x", 5.0),
+                                                        ("0.15", float("nan")))}  # a bound or a value not a number
     s = snapshot_from_results("digits", 0.0, Observed("digits", 1, 1, 1), results, slo_s=0.2)
     assert s.over_slo == pytest.approx(0.04)
     assert s.window_s == 30.0  # the rates were measured over the query window
@@ -257,15 +258,22 @@ def test_the_burst_view_compares_rates_of_windows_that_do_not_overlap():
 
 
 COLD_START_CASES = [
-    # id, steps: ("ask", t, desired, ready) | ("observe", t, ready); expected latest (None: none measured)
-    ("measured-when-all-ready", [("ask", 0, 3, 0), ("observe", 5, 2), ("observe", 9, 3)], 9.0),
-    ("no-scale-up-no-measure", [("ask", 0, 2, 2), ("observe", 5, 2)], None),
-    # a larger ask while one runs waits for the first: 3 ready at 8 s closes the first (8 s)
-    ("a-larger-ask-waits", [("ask", 0, 3, 0), ("ask", 4, 6, 1), ("observe", 8, 3)], 8.0),
+    # id, steps: ("ask", t, desired, Deployment's replicas, ready) | ("observe", t, ready);
+    # expected latest (None: none measured)
+    ("measured-when-all-ready", [("ask", 0, 3, 0, 0), ("observe", 5, 2), ("observe", 9, 3)], 9.0),
+    ("no-scale-up-no-measure", [("ask", 0, 2, 2, 2), ("observe", 5, 2)], None),
+    # a pod restarting (2 of 3 ready, nothing raised) is no cold start
+    ("a-readiness-dip-is-not-one", [("ask", 0, 3, 3, 2), ("observe", 4, 3)], None),
+    # 3 asked at 0 s, 6 at 4 s, every pod 8 s: the second raise reads its own 8 s
+    ("each-raise-on-its-own", [("ask", 0, 3, 0, 0), ("ask", 4, 6, 3, 1), ("observe", 8, 3), ("observe", 12, 6)],
+     8.0),
     # asked for fewer meanwhile: 2 ready complete it (from the first ask, 0 s: 7 s)
-    ("asked-for-fewer", [("ask", 0, 5, 0), ("ask", 3, 2, 1), ("observe", 7, 2)], 7.0),
+    ("asked-for-fewer", [("ask", 0, 5, 0, 0), ("ask", 3, 2, 5, 1), ("observe", 7, 2)], 7.0),
     # scaled down to what is ready: nothing to measure any more
-    ("scale-down-ends-it", [("ask", 0, 5, 1), ("ask", 3, 1, 1), ("observe", 9, 5)], None),
+    ("scale-down-ends-it", [("ask", 0, 5, 1, 1), ("ask", 3, 1, 5, 1), ("observe", 9, 5)], None),
+    # ready 20 minutes after the ask (MAX_S 900 s): pods waited for room, not a cold start
+    ("a-wait-for-capacity-is-not-one", [("ask", 0, 2, 0, 0), ("observe", 1200, 2)], None),
+    ("the-clock-stepped-back", [("ask", 100, 2, 0, 0), ("observe", 50, 2)], None),
 ]
 
 
@@ -274,10 +282,30 @@ def test_cold_starts(steps, expected):
     cold = ColdStarts()
     for step in steps:
         if step[0] == "ask":
-            cold.ask("f", float(step[1]), step[2], step[3])
+            cold.ask("f", float(step[1]), step[2], step[3], step[4])
         else:
             cold.observe("f", float(step[1]), step[2])
     assert cold.latest.get("f") == expected
+
+
+def test_what_is_learned_is_forgotten_with_the_lease_and_with_the_function():
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube)
+    deploy_function(kube, "other")
+    window = {key: vector(value) + vector(value, function="other")
+              for key, value in (("batches", 8.0), ("rps", 38.0), ("busy", 0.04))}
+    c = controller(kube, lambda q: window.get(next(k for k, v in cluster_queries().items() if v == q), []), clock)
+    c.tick()
+    c.cold_starts.latest["digits"] = c.cold_starts.latest["other"] = 5.0
+    assert set(c.state) == set(c.batch_latency) == {"digits", "other"}
+    kube.config_maps.pop(("shoal", "function-other"))  # deleted
+    clock.t += 1
+    c.tick()
+    assert set(c.state) == set(c.batch_latency) == set(c.cold_starts.latest) == {"digits"}
+    other = controller(kube, lambda q: [], clock, "b")
+    kube.leases[("shoal", "shoal-controller")]["spec"]["holderIdentity"] = "b"  # another took the Lease
+    assert other.tick().leader and not c.tick().leader
+    assert c.state == {} and c.batch_latency == {} and c.cold_starts.latest == {}
 
 
 def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
