@@ -250,11 +250,13 @@ class Controller:
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         duties, rps, deltas, queued = [], 0.0, [], 0.0
         busy = answered = batches = windows = 0.0
+        moved = False  # some replica's window moved on: a scrape newer than the last look's
         for replica, stat in zip(ready, stats):
             if self._dead(replica, stat, now):
                 continue
             if stat is None:
                 continue
+            moved = moved or not replica.stats or stat.at > replica.stats[-1].at
             replica.stats = advance_window(replica.stats, stat)
             stat = replica.stats[-1]
             prev = replica.stats[0] if len(replica.stats) == 2 else None
@@ -277,7 +279,9 @@ class Controller:
         return MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
             inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
-            duty=tuple(duties), rps=rps, window_s=windows / len(duties) if duties else 0.0,
+            # the window's length, only when it is a new window: the same rates read again (Prometheus
+            # has not scraped since) are no second measurement of the rate's variance
+            duty=tuple(duties), rps=rps, window_s=windows / len(duties) if duties and moved else 0.0,
             p95_s=quantile(merged, 0.95),
             cold_start_s=self.cold_starts.get(name),
             slice_fraction=float(self.slice_for(spec)) if spec is not None else None,

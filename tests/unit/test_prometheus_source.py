@@ -246,11 +246,13 @@ def test_controller_keeps_the_last_rates_while_prometheus_has_not_scraped_again(
     second = tick(2.0)
     # A -> B: (7 - 1) busy s / 15 s = 0.4 duty; (400 - 100) / 15 s = 20 requests/s
     assert second.duty == pytest.approx((0.4,)) and second.rps == pytest.approx(20.0)
+    assert second.window_s == 15.0
     again = tick(3.0)
     assert (again.duty, again.rps, again.service_s) == (second.duty, second.rps, second.service_s)
+    assert again.window_s == 0.0  # the same window read again: no new measurement of the rate
     third = tick(4.0)
     # B -> C: (10 - 7) / 15 = 0.2 duty; (550 - 400) / 15 = 10 requests/s
-    assert third.duty == pytest.approx((0.2,)) and third.rps == pytest.approx(10.0)
+    assert third.duty == pytest.approx((0.2,)) and third.rps == pytest.approx(10.0) and third.window_s == 15.0
 
 
 # ---------------------------------------------------------------------- shoal up options
