@@ -93,6 +93,15 @@ def advance_window(window: list[ReplicaStat], stat: ReplicaStat) -> list[Replica
     return [*window[-1:], stat]
 
 
+def cumulative_histogram(buckets) -> tuple[tuple[float, float], ...]:
+    """((le, count), ...) by bound from (le, count) pairs in any order, as `quantile` and
+    `fraction_over` read them: a pair with a NaN bound or count is left out, and a histogram
+    without its +Inf bucket is none (those read the total from the last bucket).
+    E.g. [(inf, 100), (0.1, 90), (0.25, nan)] -> ((0.1, 90), (inf, 100))."""
+    out = sorted((le, count) for le, count in buckets if not (math.isnan(le) or math.isnan(count)))
+    return tuple(out) if out and math.isinf(out[-1][0]) else ()
+
+
 def bucket_delta(prev: ReplicaStat | None, cur: ReplicaStat) -> tuple[tuple[float, float], ...]:
     """The histogram of requests answered between two scrapes."""
     if prev is None or len(prev.latency_buckets) != len(cur.latency_buckets):

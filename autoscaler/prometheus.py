@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from autoscaler.metrics import ReplicaStat
+from autoscaler.metrics import ReplicaStat, cumulative_histogram
 
 log = logging.getLogger("shoal.prometheus")
 
@@ -88,11 +88,8 @@ def stat_from_query(data: dict[str, Any], replica: str) -> ReplicaStat | None:
             buckets.append((float(labels["le"]), value))
         elif name in GAUGES:
             fields[GAUGES[name]] = value
-    buckets.sort()
-    if buckets and not math.isinf(buckets[-1][0]):
-        buckets = []
     return ReplicaStat(replica=replica, at=at, completed=completed, errors=errors,
-                       latency_buckets=tuple(buckets), **fields)
+                       latency_buckets=cumulative_histogram(buckets), **fields)
 
 
 class PrometheusSource:

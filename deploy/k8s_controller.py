@@ -27,7 +27,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoscaler.metrics import MetricsSnapshot, batch_window, fraction_over, learn_batch_latency
+from autoscaler.metrics import (
+    MetricsSnapshot,
+    batch_window,
+    cumulative_histogram,
+    fraction_over,
+    learn_batch_latency,
+)
 from autoscaler.policy import PolicyState, ScaleDecision, decide
 from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict, items_of
 from functions.spec import FunctionSpec, spec_from_dict
@@ -78,17 +84,15 @@ def _scalar(result: list[dict[str, Any]]) -> float | None:
 
 
 def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], ...]:
-    """The cumulative histogram ((le, requests per second), ...) of a `buckets` vector, by bound
-    (pure); buckets that are not numbers are left out."""
-    out = []
+    """The cumulative histogram ((le, requests per second), ...) of a `buckets` vector
+    (metrics.cumulative_histogram; pure); a sample without a numeric bound is left out."""
+    pairs = []
     for sample in result:
         try:
-            bound, value = float((sample.get("metric") or {})["le"]), float(sample["value"][1])
+            pairs.append((float((sample.get("metric") or {})["le"]), float(sample["value"][1])))
         except (KeyError, ValueError):
             continue
-        if not math.isnan(bound) and math.isfinite(value):
-            out.append((bound, value))
-    return tuple(sorted(out))
+    return cumulative_histogram(pairs)
 
 
 def snapshot_from_results(function: str, now: float, observed: Observed | None, results: dict[str, list],
@@ -159,6 +163,13 @@ class ConfigMapFunctions:
                 "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
 
 
+def forget_others(keep: set[str], *tables: dict[str, Any]) -> None:
+    """Drop every entry whose function is not in `keep`, from each table, in place."""
+    for table in tables:
+        for name in [n for n in table if n not in keep]:
+            del table[name]
+
+
 @dataclass
 class ColdStarts:
     """Cold starts measured on the cluster, per function: from the tick that raised the
@@ -204,9 +215,7 @@ class ColdStarts:
 
     def keep_only(self, functions: set[str]) -> None:
         """Forget functions that are gone (a name deployed again later starts afresh)."""
-        for table in (self.pending, self.latest):
-            for name in [n for n in table if n not in functions]:
-                del table[name]
+        forget_others(functions, self.pending, self.latest)
 
     def clear(self) -> None:
         self.pending.clear()
@@ -263,9 +272,7 @@ class ClusterController:
             per_function = None
         functions = self.functions.functions()
         names = set(functions) | getattr(self.functions, "broken", set())
-        for table in (self.state, self.batch_latency):  # functions that are gone are forgotten
-            for gone in [n for n in table if n not in names]:
-                del table[gone]
+        forget_others(names, self.state, self.batch_latency)  # functions that are gone are forgotten
         self.cold_starts.keep_only(names)
         for name, (spec, revision) in sorted(functions.items()):
             have = observed.get(name)

@@ -59,20 +59,19 @@ class ReplicaMetrics:
             ["function", *labels], registry=r,
         )
         info.labels(function, *labels.values()).set(1)
-        self._codes: dict[int, Counter] = {}
         # the success series exists from the start, at 0: Prometheus' rate() drops what a series
         # counted before its first scrape, so one created at the first request would read low
-        self.count(200, 0)
+        self._codes: dict[int, Counter] = {200: self.requests.labels(function, "200")}
 
     def track_busy(self, source) -> None:
         """Export `source()` (the executor's busy seconds) as shoal_replica_busy_seconds_total."""
         self._busy_source = source
 
-    def count(self, code: int, n: int = 1) -> None:
+    def count(self, code: int) -> None:
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = self.requests.labels(self.function, str(code))
-        child.inc(n)
+        child.inc()
 
 
 class _BusyCollector:

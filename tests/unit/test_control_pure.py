@@ -3,11 +3,18 @@ Table-driven on a fake clock (`now` is a number)."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
 
-from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle, parse_replica_metrics, quantile
+from autoscaler.metrics import (
+    ReplicaStat,
+    cumulative_histogram,
+    duty_cycle,
+    parse_replica_metrics,
+    quantile,
+)
 from autoscaler.placement import Demand, Device, Inventory, Placement, Unplaceable, parse_devices, pick_cpus, place
 
 CPU = Device("cpu:0", "cpu", 16384, cpus=(0, 1, 2, 3))
@@ -99,3 +106,14 @@ def test_parse_replica_metrics_and_rates():
     assert quantile(stat.latency_buckets, 0.5) == pytest.approx(0.01)
     # p70: rank 70, between 50 (0.01) and 90 (0.1): 0.01 + 0.09 * 20/40 = 0.055
     assert quantile(stat.latency_buckets, 0.7) == pytest.approx(0.055)
+
+
+@pytest.mark.parametrize("pairs, expected", [
+    pytest.param([(math.inf, 100.0), (0.1, 90.0), (0.25, math.nan)], ((0.1, 90.0), (math.inf, 100.0)),
+                 id="sorted by bound, a NaN count left out"),
+    pytest.param([(math.nan, 5.0), (0.1, 1.0), (math.inf, 2.0)], ((0.1, 1.0), (math.inf, 2.0)), id="a NaN bound"),
+    pytest.param([(0.1, 90.0), (0.25, 99.0)], (), id="no +Inf bucket: none"),
+    pytest.param([], (), id="empty"),
+])
+def test_cumulative_histogram(pairs, expected):
+    assert cumulative_histogram(pairs) == expected
