@@ -434,7 +434,7 @@ def next_onset(state: PolicyState, config: PolicyConfig) -> float | None:
     mean = sum(gaps) / len(gaps)
     if mean <= 0:
         return None
-    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    sd = math.sqrt(sum((g - mean) * (g - mean) for g in gaps) / len(gaps))
     if sd / mean > config.periodic_max_cv:
         return None
     return state.onsets[-1] + mean
@@ -453,7 +453,7 @@ def trend_need(state: PolicyState, now: float, lead_s: float, config: PolicyConf
         return 0.0
     mean_t = sum(t for t, _ in points) / len(points)
     mean_n = sum(n for _, n in points) / len(points)
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    var_t = sum((t - mean_t) * (t - mean_t) for t, _ in points)
     if var_t <= 0:
         return 0.0
     slope = sum((t - mean_t) * (n - mean_n) for t, n in points) / var_t

@@ -49,7 +49,16 @@ import numpy as np
 from autoscaler.baselines import kpa, ray_serve
 from autoscaler.metrics import MetricsSnapshot
 from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
-from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, next_onset, quiet_until
+from autoscaler.policy import (
+    DEFAULT_CONFIG,
+    PolicyConfig,
+    PolicyState,
+    ScaleDecision,
+    decide,
+    full_batch,
+    next_onset,
+    quiet_until,
+)
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
@@ -127,6 +136,8 @@ class SimConfig:
 # one per function and tick, and keywords cost more than the rest of building it
 _make_snapshot = MetricsSnapshot._make
 NO_EXTRA = MetricsSnapshot._field_defaults["extra"]  # the shared empty mapping
+FALLBACK = 2  # policy_kernel.FALLBACK, without importing numba where the compiled pass does not run
+NO_BATCH = (math.nan, math.nan)
 if MetricsSnapshot._fields != ("function", "at", "ready", "starting", "inflight", "queued", "activator_queue", "duty",
                                "rps", "p95_s", "cold_start_s", "slice_fraction", "service_s", "batch_latency_s",
                                "over_slo", "window_s", "extra"):
@@ -173,10 +184,40 @@ class _Reactive:
 
 
 class ShoalPolicy(_Reactive):
-    def __init__(self, config: PolicyConfig = DEFAULT_CONFIG):
+    """Shoal's decide() per function. `compiled` (the default): once the simulation has
+    given it every function's spec (`prepare`), the states live in arrays and the looks of
+    a tick go through policy_kernel's compiled pass, which answers each look as decide()
+    does or hands it back to decide() (`arrays`); False keeps decide() alone, the reference."""
+
+    def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True):
         super().__init__("shoal", self._step, PolicyState)
         self.config = config
+        self.compiled = compiled
         self.specs: dict[int, ScalingSpec] = {}
+        self.arrays = None  # policy_kernel.PolicyArrays once prepared, with compiled
+        self.spec_rows: np.ndarray | None = None
+
+    def prepare(self, specs: list[ScalingSpec], tick_s: float) -> None:
+        """Every function's spec, by index, before the first look."""
+        self.specs = dict(enumerate(specs))
+        if not self.compiled:
+            return
+        from autoscaler import (
+            policy_kernel,  # numba: imported only where the compiled pass runs
+        )
+
+        if policy_kernel.FALLBACK != FALLBACK:
+            raise ImportError(f"policy_kernel.FALLBACK is {policy_kernel.FALLBACK}, simulator's {FALLBACK}")
+
+        self.arrays = policy_kernel.PolicyArrays(len(specs), self.config,
+                                                 needs_capacity=math.ceil(self.config.kept_s / tick_s) + 8)
+        self.spec_rows = policy_kernel.spec_rows(specs)
+        for fid, state in self.states.items():
+            self.arrays.put(fid, state)
+        self.states = {}
+
+    def state_of(self, fid: int) -> PolicyState | None:
+        return self.arrays.get(fid) if self.arrays is not None else self.states.get(fid)
 
     def _step(self, snapshot, spec, state, now):
         return decide(snapshot, spec, state, now, self.config)
@@ -184,6 +225,10 @@ class ShoalPolicy(_Reactive):
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
         # what _Reactive.decide does, in one frame: this runs for every busy function every tick
         self.specs[fid] = spec
+        if self.arrays is not None:
+            decision, state = decide(snapshot, spec, self.arrays.get(fid) or PolicyState(), now, self.config)
+            self.arrays.put(fid, state)
+            return decision
         state = self.states.get(fid)
         decision, self.states[fid] = decide(snapshot, spec, PolicyState() if state is None else state, now,
                                             self.config)
@@ -194,12 +239,12 @@ class ShoalPolicy(_Reactive):
 
     def wake_at(self, fid: int, lead_s: float) -> float | None:
         """Periodic traffic expected: be asked again when its pre-warm is due."""
-        state = self.states.get(fid)
+        state = self.state_of(fid)
         onset = next_onset(state, self.config) if state is not None else None
         return None if onset is None else onset - lead_s - self.config.prewarm_margin_s
 
     def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
-        state = self.states.get(fid)
+        state = self.state_of(fid)
         return now if state is None else quiet_until(state, self.spec_of(fid), current, now, lead_s, self.config)
 
 
@@ -303,6 +348,8 @@ class Simulation:
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         n = len(profiles)
         self.specs = [p.spec() for p in profiles]
+        if hasattr(policy, "prepare"):
+            policy.prepare(self.specs, config.tick_s)
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])
         self._cold = self.cold.tolist()  # the same, as Python floats for per-function reads
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
@@ -665,10 +712,59 @@ class Simulation:
         tick = zip(live.tolist(), ready[live].tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
                    self.tick_busy[live].tolist(), self.tick_p95[live].tolist(), self.tick_over[live].tolist())
         held = self.held
+        arrays = getattr(self.policy, "arrays", None)
+        if arrays is not None:
+            tick = self._decide_compiled(arrays, live, ready[live], t1)
         for fid, r, n, lat, busy, p95, over in tick:
             self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95, over), ready=r)
         for fid in [x for x in self.held if self.n_srv[x] == 0]:
             self._decide(fid, t1, activator_queue=len(self.held[fid]))
+
+    def _decide_compiled(self, arrays, live: np.ndarray, ready: np.ndarray, now: float):
+        """The looks of `live` through the compiled pass (policy_kernel), with the snapshots
+        _decide would build, as arrays; it stores the looks it answers (the count stays), and
+        the rest, as _decide_all's (fid, ready, tick numbers) rows, are left for decide()."""
+        dt = self.config.tick_s
+        n, lat, busy = self.tick_n[live], self.tick_lat[live], self.tick_busy[live]
+        p95, over = self.tick_p95[live], self.tick_over[live]
+        held = np.zeros(len(live))
+        if self.held:
+            fids = np.fromiter(self.held, np.int64, len(self.held))
+            at = np.searchsorted(live, fids)
+            inside = at < len(live)
+            inside[inside] = live[at[inside]] == fids[inside]
+            held[at[inside]] = [len(self.held[f]) for f in fids[inside].tolist()]
+        answered = n > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            duty = np.where(ready > 0, busy / (ready * dt), 0.0)
+            service = np.where(answered, busy / n, np.nan)
+            over_slo = np.where(answered, over / n, 0.0)
+        np.minimum(duty, 1.0, out=duty)
+        rows, seconds = self._full_batches(live)
+        live_list = live.tolist()
+        slices = np.array([self._slice_of[f] for f in live_list])
+        cold = self.cold[live]
+        desired, code, quiet = arrays.decide(
+            live, now, ready, self.n_srv[live] - ready, lat / dt, held, duty, ready, n / dt, p95, cold, slices,
+            service, rows, seconds, over_slo, np.full(len(live), dt), self.policy.spec_rows, cold)
+        done = code != FALLBACK
+        self.quiet[live[done]] = quiet[done]
+        rest = np.flatnonzero(~done)
+        return zip(live[rest].tolist(), ready[rest].tolist(), n[rest].tolist(), lat[rest].tolist(),
+                   busy[rest].tolist(), p95[rest].tolist(), over[rest].tolist())
+
+    def _full_batches(self, fids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """full_batch() of each function's batch latencies within its batch budget, as decide()
+        computes it (rows, seconds; NaN for a model that does not batch)."""
+        config = self.policy.config
+        out = []
+        for fid in fids.tolist():
+            spec = self.specs[fid]
+            found = full_batch(self._batch_latency(fid),
+                               spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0 * config.batch_latency_share)
+            out.append(NO_BATCH if found is None else found)
+        both = np.array(out).reshape(-1, 2)
+        return both[:, 0], both[:, 1]
 
     def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
                 measured: tuple[float, float, float, float, float] | None = None, ready: int | None = None) -> None:
