@@ -375,7 +375,10 @@ class Simulation:
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._batch_of: dict[int, tuple[float, tuple, int]] = {}  # per function: (replicas' speed, table, version)
-        self._changed = [0] * n  # per function, bumped when its replicas change (invalidates _batch_of)
+        self._changed = np.zeros(n, np.int64)  # per function, bumped when its replicas change (invalidates _batch_of)
+        # per function, full_batch() of its batch latencies for the compiled pass, and the _changed it is of
+        self._full = np.full((n, 2), np.nan)
+        self._full_of = np.full(n, -1, np.int64)
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -755,15 +758,18 @@ class Simulation:
 
     def _full_batches(self, fids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """full_batch() of each function's batch latencies within its batch budget, as decide()
-        computes it (rows, seconds; NaN for a model that does not batch)."""
+        computes it (rows, seconds; NaN for a model that does not batch). For functions with
+        replicas (every look the compiled pass takes): their table changes only with them."""
         config = self.policy.config
-        out = []
-        for fid in fids.tolist():
+        version = self._changed[fids]
+        for j in np.flatnonzero(self._full_of[fids] != version).tolist():
+            fid = int(fids[j])
             spec = self.specs[fid]
             found = full_batch(self._batch_latency(fid),
                                spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0 * config.batch_latency_share)
-            out.append(NO_BATCH if found is None else found)
-        both = np.array(out).reshape(-1, 2)
+            self._full[fid] = NO_BATCH if found is None else found
+            self._full_of[fid] = version[j]
+        both = self._full[fids]
         return both[:, 0], both[:, 1]
 
     def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
