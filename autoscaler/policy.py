@@ -130,7 +130,10 @@ class PolicyConfig:
         if not 0 < self.miss_budget < 1 or self.budget_window_s <= 0:
             raise ValueError(f"miss_budget ({self.miss_budget}) must be within (0, 1) and budget_window_s "
                              f"({self.budget_window_s}) > 0")
-        if not isinstance(self.gaps_kept, int) or not 1 <= self.gaps_min <= self.gaps_kept:
+        for name in ("max_spare", "budget_clean_windows", "gaps_kept", "gaps_min", "onsets_kept"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} ({getattr(self, name)!r}) must be a whole number")
+        if not 1 <= self.gaps_min <= self.gaps_kept:
             raise ValueError(f"gaps_min ({self.gaps_min}) must be within [1, gaps_kept ({self.gaps_kept})]")
         if not isinstance(self.onsets_kept, int) or self.onsets_kept < 3:
             raise ValueError(f"onsets_kept ({self.onsets_kept}) must be >= 3 (two gaps to compare)")
@@ -373,13 +376,21 @@ def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
                 config: PolicyConfig) -> tuple[tuple[float, float], ...]:
     """Keep the needs of the longest window, plus the newest one older than it, so that
     "seen for a whole window" can be true whatever the tick."""
-    cutoff = now - config.kept_s - EPS
+    cutoff = window_start(now, config.kept_s)
     first_inside = bisect.bisect_right(needs, cutoff, key=_time_of)  # needs are in time order
     return needs[max(0, first_inside - 1):] + ((now, need),)
 
 
+def window_start(now: float, window_s: float) -> float:
+    """The time at or before which a need is out of the window of `window_s` ending at `now`:
+    now - window_s - EPS, but always before `now`, so a need at `now` is inside even where a
+    wall-clock `now` (1.7e9 s) swallows EPS and the window is 0 s."""
+    cutoff = now - window_s - EPS
+    return cutoff if cutoff < now else math.nextafter(now, -math.inf)
+
+
 def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
-    start = bisect.bisect_right(needs, now - window_s - EPS, key=_time_of)
+    start = bisect.bisect_right(needs, window_start(now, window_s), key=_time_of)
     return max(map(_need_of, needs[start:]), default=0.0)
 
 
@@ -393,11 +404,11 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
     E.g. peak (90, 3.0), window 30 s: at 100 a need of 2.0 keeps (90, 3.0), 3.0 gives (100, 3.0);
     at 121 (90 is out) the window is scanned."""
     latest = needs[-1]
-    if (peak is not None and now - window_s - EPS < peak[0] < latest[0]
+    if (peak is not None and window_start(now, window_s) < peak[0] < latest[0]
             and len(needs) > 1 and needs[-2][0] <= latest[0]):
         return peak if peak[1] > latest[1] else latest
     # the newest first, so max() keeps the latest of equals; never empty: needs[-1] is at `now`
-    return max(reversed(needs[bisect.bisect_right(needs, now - window_s - EPS, key=_time_of):]), key=_need_of)
+    return max(reversed(needs[bisect.bisect_right(needs, window_start(now, window_s), key=_time_of):]), key=_need_of)
 
 
 _time_of = operator.itemgetter(0)
@@ -448,7 +459,7 @@ def trend_need(state: PolicyState, now: float, lead_s: float, config: PolicyConf
     needs = state.needs
     if len(needs) < 3 or not needs[-3][1] < needs[-2][1] < needs[-1][1]:
         return 0.0  # a trend rises over the last three looks; one spike is the burst window's
-    points = needs[bisect.bisect_right(needs, now - config.trend_window_s - EPS, key=_time_of):]
+    points = needs[bisect.bisect_right(needs, window_start(now, config.trend_window_s), key=_time_of):]
     if len(points) < 3:
         return 0.0
     mean_t = sum(t for t, _ in points) / len(points)

@@ -209,6 +209,13 @@ def _bound(n, spec):
 
 
 @njit(cache=True)
+def _window_start(now, window_s):
+    """policy.window_start: now - window_s - EPS, always before now."""
+    cutoff = now - window_s - 1e-9
+    return cutoff if cutoff < now else np.nextafter(now, -np.inf)
+
+
+@njit(cache=True)
 def _left_sum(value, count):
     """sum((value,) * count) as Python computes it: from 0, left to right."""
     total = 0.0
@@ -424,7 +431,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
     kept_need = float(current) if ready == 0 and by_conc else need
 
     # the kept needs (_kept_needs): from the newest one older than the longest window
-    first_inside = _first_after(nt, k, now - c[C_KEPT] - 1e-9)
+    first_inside = _first_after(nt, k, _window_start(now, c[C_KEPT]))
     drop = first_inside - 1 if first_inside > 0 else 0
     new_k = k - drop + 1
     if new_k > nt.shape[0]:
@@ -434,12 +441,12 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
     delay = c[C_DELAY]
     peak_at, peak_n = row[PEAK_AT], row[PEAK_N]
     second_t = nt[k - 1] if k - drop >= 1 else math.nan  # needs[-2] once (now, kept_need) is added
-    if peak_at == peak_at and now - delay - 1e-9 < peak_at < now and new_k > 1 and second_t <= now:
+    if peak_at == peak_at and _window_start(now, delay) < peak_at < now and new_k > 1 and second_t <= now:
         if not peak_n > kept_need:
             peak_at, peak_n = now, kept_need
     else:
         peak_at, peak_n = now, kept_need
-        start = _first_after(nt[drop:k], k - drop, now - delay - 1e-9)
+        start = _first_after(nt[drop:k], k - drop, _window_start(now, delay))
         for j in range(k - 1, drop + start - 1, -1):  # the newest first: the latest of equals
             if nn[j] > peak_n:
                 peak_at, peak_n = nt[j], nn[j]
@@ -466,7 +473,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
         burst = 0.0
         if not (c[C_BURST] <= delay and _ceil(delay_peak) <= current):
             burst = kept_need
-            for j in range(drop + _first_after(nt[drop:k], k - drop, now - c[C_BURST] - 1e-9), k):
+            for j in range(drop + _first_after(nt[drop:k], k - drop, _window_start(now, c[C_BURST])), k):
                 if nn[j] > burst:
                     burst = nn[j]
         trend = 0.0
@@ -582,7 +589,7 @@ def _trend_over(nt, nn, drop, k, now, need, lead, c):
     b = nn[k - 1]
     if not (a < b < need):
         return 0.0
-    cutoff = now - c[C_TREND_W] - 1e-9
+    cutoff = _window_start(now, c[C_TREND_W])
     start = drop + _first_after(nt[drop:k], k - drop, cutoff)
     m = k - start + 1
     if m < 3:

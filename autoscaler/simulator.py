@@ -209,11 +209,15 @@ class ShoalPolicy(_Reactive):
         if policy_kernel.FALLBACK != FALLBACK:
             raise ImportError(f"policy_kernel.FALLBACK is {policy_kernel.FALLBACK}, simulator's {FALLBACK}")
 
+        # a policy used for a second simulation carries its states over, as decide() alone does
+        carried = self.states if self.arrays is None else \
+            {fid: state for fid in range(len(self.arrays)) if (state := self.arrays.get(fid)) is not None}
         self.arrays = policy_kernel.PolicyArrays(len(specs), self.config,
                                                  needs_capacity=math.ceil(self.config.kept_s / tick_s) + 8)
         self.spec_rows = policy_kernel.spec_rows(specs)
-        for fid, state in self.states.items():
-            self.arrays.put(fid, state)
+        for fid, state in carried.items():
+            if fid < len(specs):
+                self.arrays.put(fid, state)
         self.states = {}
 
     def state_of(self, fid: int) -> PolicyState | None:

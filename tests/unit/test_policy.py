@@ -38,6 +38,7 @@ from autoscaler.policy import (
     next_onset,
     trend_need,
     window_max,
+    window_start,
 )
 from functions.spec import ScalingSpec
 
@@ -666,9 +667,25 @@ def test_zero_slice_window_is_rejected():
         PolicyConfig(slice_window_s=0.0)
 
 
-def test_fractional_onsets_kept_is_rejected():
-    with pytest.raises(ValueError, match=re.escape("onsets_kept (3.5)")):
-        PolicyConfig(onsets_kept=3.5)
+@pytest.mark.parametrize("name", ["onsets_kept", "max_spare", "budget_clean_windows", "gaps_min", "gaps_kept"])
+def test_fractional_counts_are_rejected(name):
+    """Counts are whole numbers: max_spare 1.5 would add half a replica."""
+    with pytest.raises(ValueError, match=re.escape(f"{name} (3.5) must be a whole number")):
+        PolicyConfig(**{name: 3.5, "gaps_kept": 16 if name != "gaps_kept" else 3.5})
+
+
+def test_zero_windows_at_wall_clock_times():
+    """At now = 1.7e9 s (time.time()), now - 0 - EPS rounds to now: a window of 0 s must still
+    hold the look's own need. It once left the delay window empty, and decide() raised on
+    every look; the burst window read 0. Here 9 in flight / 4 per replica = 2.25 -> 3 replicas."""
+    config = PolicyConfig(burst_window_s=0.0, scale_down_delay_s=0.0, trend_window_s=0.0, concurrency_window_s=0.0)
+    now = 1.7e9
+    assert window_start(now, 0.0) < now and now - 0.0 - 1e-9 == now
+    state = PolicyState()
+    for t in (now, now + 1.0):
+        decision, state = decide(snap(ready=1, inflight=9, duty=(0.9,), at=t), SPEC, state, t, config)
+    assert decision.desired == 3 and state.peak == (now + 1.0, 2.25)
+    assert window_max(state.needs, now + 1.0, 0.0) == 2.25
 
 
 # ---------------------------------------------------------------------- bounds

@@ -27,7 +27,10 @@ CONFIGS = (
     PolicyConfig(dispersion_window_s=0.0, burst_window_s=40.0),  # a burst window longer than the delay window
     PolicyConfig(scale_down_delay_s=5.0, trend_window_s=8.0, budget_window_s=4.0, budget_clean_windows=2,
                  gaps_min=2, onset_gap_s=6.0, slice_window_s=20.0, periodic_keep_s=3.0),
+    # windows of 0 s, at wall-clock times where now - 0 - EPS rounds to now (policy.window_start)
+    PolicyConfig(burst_window_s=0.0, scale_down_delay_s=0.0, trend_window_s=0.0),
 )
+STARTS = (100.0, 100.0, 100.0, 100.0, 1.7e9)
 
 
 def _spec(rng: np.random.Generator) -> ScalingSpec:
@@ -38,13 +41,13 @@ def _spec(rng: np.random.Generator) -> ScalingSpec:
                        idle_to_zero_s=float(rng.choice([0.0, 5.0, 30.0, 60.0])))
 
 
-def _looks(rng: np.random.Generator, steps: int):
+def _looks(rng: np.random.Generator, steps: int, start: float = 100.0):
     """(now, snapshot) of one function, as a generator that is sent each look's decision:
     its replicas follow the decisions (new ones start, then turn ready; now and then one
     fails or one comes that was not asked for), its traffic wanders around its own level with silences (regular ones: a
     timer), the clock steps by 0 to 3 s, and now and then the same time comes twice or
     the clock steps back."""
-    now, ready, starting = 100.0, int(rng.integers(0, 4)), 0
+    now, ready, starting = start, int(rng.integers(0, 4)), 0
     period = float(rng.choice([0.0, 8.0, 25.0]))  # a timer's period, or none
     table = TABLES[int(rng.integers(len(TABLES)))]
     level = float(rng.lognormal(3.0, 1.5))  # the function's usual requests per second
@@ -104,8 +107,9 @@ def _check(arrays, specs, spec, state, snapshot, now, config, codes: Counter) ->
     return after, decision
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["default", "no-averaging", "long-burst", "short-windows"])
-def test_committed_looks_are_decides_own(config):
+@pytest.mark.parametrize("config, start", zip(CONFIGS, STARTS),
+                         ids=["default", "no-averaging", "long-burst", "short-windows", "zero-windows-wall-clock"])
+def test_committed_looks_are_decides_own(config, start):
     """120 functions x 150 looks per config: every committed look equals decide(). The
     counts of each code show both paths ran: a kernel that handed every look back, or
     never held a count with HOLD, COLD_START or FORECAST, fails here."""
@@ -116,7 +120,7 @@ def test_committed_looks_are_decides_own(config):
         arrays = K.PolicyArrays(1, config, needs_capacity=int(rng.choice([4, 64])))
         specs = K.spec_rows([spec])
         state = PolicyState()
-        looks = _looks(rng, 150)
+        looks = _looks(rng, 150, start)
         now, snapshot = next(looks)
         while True:
             state, decision = _check(arrays, specs, spec, state, snapshot, now, config, codes)
@@ -125,7 +129,40 @@ def test_committed_looks_are_decides_own(config):
             except StopIteration:
                 break
     assert codes[K.STABLE] > 1000 and codes[K.FALLBACK] > 100, codes
-    assert min(codes[K.HOLD], codes[K.COLD_START], codes[K.FORECAST]) > 20, codes
+    assert min(codes[K.COLD_START], codes[K.FORECAST]) > 20, codes
+    assert codes[K.HOLD] > 20 or config.scale_down_delay_s == 0, codes  # no delay: nothing to hold for
+
+
+def shadow_run(kind: str, seconds: float, functions: int, gpus: int, seed: int = 0) -> Counter:
+    """A simulation with decide() alone in which every look, from the state decide() had
+    before it, also goes through the kernel and is checked as in the walks above; the codes
+    the kernel gave. Also from the command line, at the scale run's size:
+    python -c "from tests.unit.test_policy_kernel import shadow_run; print(shadow_run('azure', 300.0, 10000, 1000))"
+    """
+    trace = make_trace(kind, functions=functions, seconds=seconds, seed=seed)
+    profiles = S.assign_profiles(trace, seed)
+    policy = S.ShoalPolicy(compiled=False)
+    sim = S.Simulation(trace, profiles, policy, S.SimConfig(gpus=gpus), S.warm_start(trace, profiles))
+    arrays = K.PolicyArrays(1, policy.config)
+    codes: Counter = Counter()
+    decide_one = policy.decide
+
+    def both(fid, snapshot, spec, now):
+        before = policy.states.get(fid)
+        if before is None:
+            codes["first look"] += 1
+        else:
+            _check(arrays, K.spec_rows([spec]), spec, before, snapshot, now, policy.config, codes)
+        return decide_one(fid, snapshot, spec, now)
+
+    policy.decide = both
+    sim.run()
+    return codes
+
+
+def test_each_look_of_a_simulation():
+    codes = shadow_run("azure", 150.0, 300, 40)
+    assert codes[K.STABLE] > 2000 and codes[K.FALLBACK] > 50 and codes[K.COLD_START] > 10, codes
 
 
 def test_the_first_look_and_a_clock_step_back_go_to_decide():
@@ -206,6 +243,21 @@ def test_whole_runs_are_the_same_compiled_or_not(kind, options, gpus):
     assert looks_in_python < looks / 3, (looks_in_python, looks)
     assert policy.arrays is not None
     assert sum(policy.state_of(f) is not None for f in range(options["functions"])) > 0
+
+
+def test_a_policy_carries_its_states_into_a_second_simulation():
+    """As decide() alone does (its states dict): a second prepare() keeps what the first run learned."""
+    trace = make_trace("gamma", functions=3, seconds=40.0, seed=1, rate=50.0, cv=2.0)
+    profiles = S.assign_profiles(trace, 0)
+    records, states = {}, {}
+    for compiled in (True, False):
+        policy = S.ShoalPolicy(compiled=compiled)
+        for _ in range(2):
+            sim = S.Simulation(trace, profiles, policy, S.SimConfig(gpus=8), S.warm_start(trace, profiles))
+            record = sim.run()
+        records[compiled] = {k: v for k, v in record.items() if "wall" not in k}
+        states[compiled] = [policy.state_of(f) for f in range(3)]
+    assert records[True] == records[False] and states[True] == states[False]
 
 
 def test_config_vector_follows_the_config():
