@@ -135,7 +135,7 @@ class PolicyConfig:
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be a whole number")
         if not 1 <= self.gaps_min <= self.gaps_kept:
             raise ValueError(f"gaps_min ({self.gaps_min}) must be within [1, gaps_kept ({self.gaps_kept})]")
-        if not isinstance(self.onsets_kept, int) or self.onsets_kept < 3:
+        if self.onsets_kept < 3:
             raise ValueError(f"onsets_kept ({self.onsets_kept}) must be >= 3 (two gaps to compare)")
 
 
@@ -275,9 +275,9 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     """
     # plain comparisons rather than max()/min(): this runs for every function on every tick
     rps = snapshot.rps if rate is None else rate
-    slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+    slo_target_s = p95_target_s(spec, config)
     target_concurrency = spec.target_concurrency
-    batched = full_batch(snapshot.batch_latency_s, slo_target_s * config.batch_latency_share)
+    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
     if batched is not None:
         # requests one replica finishes within the target, at full batches: also at zero, where a
         # backlog held through a cold start is served in batches too
@@ -317,6 +317,17 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
             if by_burst > best.replicas:
                 best = Need(by_burst, "burst", (mean, window, tail, 100.0 * (1.0 - config.miss_budget), service))
     return best
+
+
+def p95_target_s(spec: ScalingSpec, config: PolicyConfig) -> float:
+    """Where the policy aims p95: slo_target_pct (80 %) of the SLO. E.g. 100 ms -> 0.08 s."""
+    return spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+
+
+def batch_budget_s(spec: ScalingSpec, config: PolicyConfig) -> float:
+    """What one batch may take: batch_latency_share (half) of the p95 target, the budget
+    full_batch() is asked for. E.g. 100 ms -> 0.04 s."""
+    return p95_target_s(spec, config) * config.batch_latency_share
 
 
 # memo: the same few tables on every tick. Keyed by the table's identity (hashing a tuple of
@@ -648,7 +659,7 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     wanted = None
     if state.duty_avg >= config.slice_hot_duty and current_slice * 2 <= config.max_slice + EPS:
         wanted = current_slice * 2
-    slo_target_s = spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
+    slo_target_s = p95_target_s(spec, config)
     if (state.duty_avg <= config.slice_cold_duty and snapshot.ready == 1 and snapshot.p95_s is not None
             and snapshot.p95_s * 2 <= slo_target_s and current_slice / 2 >= config.min_slice - EPS):
         wanted = current_slice / 2

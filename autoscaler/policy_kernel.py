@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from autoscaler.metrics import MetricsSnapshot
-from autoscaler.policy import EPS, Budget, PolicyConfig, PolicyState, full_batch
+from autoscaler.policy import EPS, Budget, PolicyConfig, PolicyState, batch_budget_s, full_batch
 from functions.spec import ScalingSpec
 
 if EPS != 1e-9:  # written into the kernel below: numba's cache is keyed by this file alone
@@ -93,6 +93,8 @@ class PolicyArrays:
     """The PolicyState of every function, as arrays: `numbers` (one row per function,
     the columns above), and the needs, onsets and idle gaps, left-aligned per row with
     their counts in `numbers`. `get` and `put` convert one function's state."""
+
+    FALLBACK = FALLBACK  # the code of a look handed back, for callers that need not import the module
 
     def __init__(self, functions: int, config: PolicyConfig, needs_capacity: int = 64):
         self.config = config
@@ -167,10 +169,10 @@ class PolicyArrays:
                batch_rows: np.ndarray, batch_seconds: np.ndarray, over_slo: np.ndarray, window_s: np.ndarray,
                specs: np.ndarray, lead_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """decide() for the looks of `fids` at `now` (each snapshot a row of the arrays; NaN is
-        None), with each function's spec_rows(); (desired, code, quiet) per look: code STABLE or
-        HOLD where the look was committed (its state is stored), FALLBACK where decide() must
-        run. quiet: for a committed look of an idle function whose count stays, quiet_until()
-        with `lead_s`; else 0."""
+        None), with each function's spec_rows(); (desired, code, quiet) per look: code STABLE,
+        HOLD, COLD_START or FORECAST (CODES) where the look was committed at the current count
+        (its state is stored), FALLBACK where decide() must run. quiet: for a committed look of
+        an idle function, quiet_until() with `lead_s`; else 0."""
         n = len(fids)
         desired = np.zeros(n, np.int64)
         code = np.zeros(n, np.int64)
@@ -260,17 +262,16 @@ def decide_rows(fids, now, ready, starting, inflight, aq, duty_value, duty_count
                 gaps, lead_s, desired, code, quiet):
     gap_buf = np.zeros(gaps.shape[1])
     onset_buf = np.zeros(onsets.shape[1])
-    sort_buf = np.zeros(gaps.shape[1])
     for i in range(len(fids)):
         code[i] = _look(i, fids[i], now, ready, starting, inflight, aq, duty_value, duty_count, rps, p95, cold,
                         slice_fraction, service, batch_rows, batch_seconds, over_slo, window_s, specs, c, numbers,
-                        needs_t, needs_n, onsets, gaps, lead_s, desired, quiet, gap_buf, onset_buf, sort_buf)
+                        needs_t, needs_n, onsets, gaps, lead_s, desired, quiet, gap_buf, onset_buf)
 
 
 @njit(cache=True)
 def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_count_a, rps_a, p95_a, cold_a,
           slice_a, service_a, brows_a, bsec_a, over_a, window_a, specs, c, numbers, needs_t, needs_n, onsets, gaps,
-          lead_a, desired_out, quiet_out, gap_buf, onset_buf, sort_buf):
+          lead_a, desired_out, quiet_out, gap_buf, onset_buf):
     row = numbers[f]
     spec = specs[f]
     ready = ready_a[i]
@@ -309,9 +310,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
         if n_gaps < int(c[C_GAPS_MIN]):
             gap_low, gap_high = math.nan, math.nan
         else:
-            for j in range(n_gaps):
-                sort_buf[j] = gap_buf[j]
-            ordered = np.sort(sort_buf[:n_gaps])
+            ordered = np.sort(gap_buf[:n_gaps])  # a sorted copy
             gap_low = ordered[math.ceil(0.1 * n_gaps) - 1]
             gap_high = ordered[math.ceil(0.9 * n_gaps) - 1]
     n_onsets = int(row[N_ONSETS])
@@ -465,7 +464,6 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
     # _scale, on the needs as they will be: nt/nn[drop:k] then (now, kept_need)
     delay_peak = peak_n
     lead = cold_a[i] if cold_a[i] == cold_a[i] else c[C_DEFAULT_COLD]
-    raw_demand = demand
     result = -1
     if ready == 0 and by_conc:
         result = COLD_START  # the starting replicas will take the requests held
@@ -485,7 +483,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
             if d > current:
                 return FALLBACK
         idle_s = now - last_active
-        if raw_demand == 0 and int(spec[P_MIN]) == 0:  # _to_zero
+        if demand == 0 and int(spec[P_MIN]) == 0:  # _to_zero
             onset = _next_onset(onset_buf if onsets_changed else onsets[f], n_onsets, c)
             if onset == onset:
                 if onset - lead - c[C_PREWARM] <= now <= onset + c[C_PREWARM]:
@@ -504,7 +502,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
             if result < 0 and idle_s >= _keep_alive_row(gap_low, gap_high, spec, c):
                 return FALLBACK  # TO_ZERO
     if result < 0:
-        if duty_n < ready and raw_demand == 0 and need == 0:
+        if duty_n < ready and demand == 0 and need == 0:
             return FALLBACK  # NO_DATA
         # _scale_down
         seen_for = now - (nt[drop] if k - drop > 0 else now)
@@ -561,7 +559,7 @@ def _look(i, f, now, ready_a, starting_a, inflight_a, aq_a, duty_value_a, duty_c
     row[N_NEEDS], row[N_ONSETS], row[N_GAPS] = new_k, n_onsets, n_gaps
     desired_out[i] = current
     quiet_out[i] = 0.0
-    if raw_demand == 0 and rps == 0 and starting_a[i] == 0:
+    if demand == 0 and rps == 0 and starting_a[i] == 0:
         quiet_out[i] = _quiet_until(row, spec, onsets[f], gaps, f, nt, nn, new_k, current, now, lead_a[i], c)
     return result
 
@@ -652,8 +650,7 @@ def snapshot_rows(snapshots: list[MetricsSnapshot], specs: list[ScalingSpec], co
     """The arrays PolicyArrays.decide reads, from snapshots (each one's replicas sharing one
     duty), as keywords; for tests and callers that have snapshots rather than arrays."""
     def batch(s: MetricsSnapshot, spec: ScalingSpec) -> tuple[float, float]:
-        found = full_batch(s.batch_latency_s, spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0
-                           * config.batch_latency_share)
+        found = full_batch(s.batch_latency_s, batch_budget_s(spec, config))
         return (math.nan, math.nan) if found is None else found
 
     for s in snapshots:

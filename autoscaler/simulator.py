@@ -54,6 +54,7 @@ from autoscaler.policy import (
     PolicyConfig,
     PolicyState,
     ScaleDecision,
+    batch_budget_s,
     decide,
     full_batch,
     next_onset,
@@ -136,7 +137,6 @@ class SimConfig:
 # one per function and tick, and keywords cost more than the rest of building it
 _make_snapshot = MetricsSnapshot._make
 NO_EXTRA = MetricsSnapshot._field_defaults["extra"]  # the shared empty mapping
-FALLBACK = 2  # policy_kernel.FALLBACK, without importing numba where the compiled pass does not run
 NO_BATCH = (math.nan, math.nan)
 if MetricsSnapshot._fields != ("function", "at", "ready", "starting", "inflight", "queued", "activator_queue", "duty",
                                "rps", "p95_s", "cold_start_s", "slice_fraction", "service_s", "batch_latency_s",
@@ -202,12 +202,8 @@ class ShoalPolicy(_Reactive):
         self.specs = dict(enumerate(specs))
         if not self.compiled:
             return
-        from autoscaler import (
-            policy_kernel,  # numba: imported only where the compiled pass runs
-        )
-
-        if policy_kernel.FALLBACK != FALLBACK:
-            raise ImportError(f"policy_kernel.FALLBACK is {policy_kernel.FALLBACK}, simulator's {FALLBACK}")
+        # numba: imported only where the compiled pass runs
+        from autoscaler import policy_kernel
 
         # a policy used for a second simulation carries its states over, as decide() alone does
         carried = self.states if self.arrays is None else \
@@ -754,7 +750,7 @@ class Simulation:
         desired, code, quiet = arrays.decide(
             live, now, ready, self.n_srv[live] - ready, lat / dt, held, duty, ready, n / dt, p95, cold, slices,
             service, rows, seconds, over_slo, np.full(len(live), dt), self.policy.spec_rows, cold)
-        done = code != FALLBACK
+        done = code != arrays.FALLBACK
         self.quiet[live[done]] = quiet[done]
         rest = np.flatnonzero(~done)
         return zip(live[rest].tolist(), ready[rest].tolist(), n[rest].tolist(), lat[rest].tolist(),
@@ -768,9 +764,7 @@ class Simulation:
         version = self._changed[fids]
         for j in np.flatnonzero(self._full_of[fids] != version).tolist():
             fid = int(fids[j])
-            spec = self.specs[fid]
-            found = full_batch(self._batch_latency(fid),
-                               spec.slo_p95_ms / 1000.0 * config.slo_target_pct / 100.0 * config.batch_latency_share)
+            found = full_batch(self._batch_latency(fid), batch_budget_s(self.specs[fid], config))
             self._full[fid] = NO_BATCH if found is None else found
             self._full_of[fid] = version[j]
         both = self._full[fids]

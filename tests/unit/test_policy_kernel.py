@@ -190,6 +190,10 @@ def test_needs_out_of_order_stay_with_decide():
     arrays.put(1, state)
     assert arrays.get(1) == state
     assert arrays.numbers[1, K.KIND] == K.SCALAR_ONLY
+    snapshot = MetricsSnapshot("f", 6.0, ready=1, duty=(0.5,), rps=10.0, service_s=0.01, window_s=1.0)
+    _, code, _ = arrays.decide(np.array([1]), 6.0, specs=K.spec_rows([ScalingSpec()] * 2), lead_s=np.array([2.0]),
+                               **K.snapshot_rows([snapshot], [ScalingSpec()], PolicyConfig()))
+    assert code[0] == K.FALLBACK and arrays.get(1) == state
 
 
 @pytest.mark.parametrize("state", [
