@@ -73,7 +73,7 @@ async def write_artifact(store, stream, filename: str):
 
 
 def create_api(plane) -> FastAPI:
-    """`plane` is the running ControlPlane (deploy/server.py)."""
+    """`plane` is the running ControlPlane (deploy/local/server.py)."""
     app = FastAPI(title="Shoal control API", version="1", docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
 
     @app.exception_handler(ApiError)

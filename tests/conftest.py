@@ -136,7 +136,7 @@ class Plane:
         return self.url.removeprefix("http://")
 
     def client(self):
-        from deploy.client import Shoal
+        from deploy.cli.client import Shoal
 
         return Shoal(self.url, state_dir=self.state_dir)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from autoscaler.simulator import Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start
 from autoscaler.traces import make_trace
-from deploy.simulate import render
+from deploy.cli.simulate import render
 
 POLICIES = ["shoal", "kpa", "ray", "static", "oracle"]
 WARMUP_S = 60.0

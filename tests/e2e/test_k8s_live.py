@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="no KUB
 def test_create_scale_lead_delete_on_a_live_cluster():
     from kubernetes import client, config
 
-    from deploy.backends.kubernetes import Desired, KubernetesBackend
-    from deploy.k8s import artifact_for, example_spec
-    from deploy.manifests.render import Cluster, namespace
+    from deploy.cluster.backend import Desired, KubernetesBackend
+    from deploy.cluster.render import artifact_for, example_spec
+    from deploy.cluster.manifests.render import Cluster, namespace
 
     config.load_kube_config()
     cluster = Cluster(namespace=f"shoal-e2e-{uuid.uuid4().hex[:6]}")

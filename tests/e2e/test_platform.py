@@ -134,7 +134,7 @@ def test_pickle_without_trust_is_refused_at_deploy(plane, tmp_path):
     artifact = tmp_path / "model.pkl"
     artifact.write_bytes(b"\x80\x04K\x01.")  # pickle of the int 1
     with plane.client() as client:
-        from deploy.client import ShoalError
+        from deploy.cli.client import ShoalError
 
         with pytest.raises(ShoalError) as err:
             client.deploy(artifact, "pickled")
@@ -275,7 +275,7 @@ def test_emulated_devices_place_profile_models_and_report_what_cannot_be_placed(
             # artifacts over --max-artifact-mib are refused
             big = tmp_path / "big.onnx"
             big.write_bytes(b"\0" * (2 * 2**20))
-            from deploy.client import ShoalError
+            from deploy.cli.client import ShoalError
 
             with pytest.raises(ShoalError) as err:
                 client.deploy(big, "big")

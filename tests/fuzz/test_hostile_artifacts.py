@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.server import ControlPlane
+from deploy.local.server import ControlPlane
 from tests.conftest import EXAMPLES
 from tests.fakes.artifacts import TORCHSCRIPT_MEMBERS, deflate_bomb, notebook, onnx_model, stored_zip
 

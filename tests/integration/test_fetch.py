@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from deploy.fetch import main
+from deploy.cli.fetch import main
 
 
 @pytest.fixture

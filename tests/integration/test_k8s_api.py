@@ -16,13 +16,14 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from deploy.api import create_api
-from deploy.backends.kubernetes import KubernetesBackend
-from deploy.client import Shoal, ShoalError
-from deploy.k8s import artifact_for
-from deploy.k8s_api import ClusterPlane, ConfigMapRegistry
-from deploy.k8s_controller import ClusterController, ConfigMapFunctions, controller_app, status_view
-from deploy.k8s_gateway import EndpointSync, api_proxy, build_app
-from deploy.manifests.render import Cluster
+from deploy.cluster.backend import KubernetesBackend
+from deploy.cli.client import Shoal, ShoalError
+from deploy.cluster.render import artifact_for
+from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
+from deploy.cluster.controller import ClusterController, controller_app, status_view
+from deploy.cluster.plane import ClusterPlane
+from deploy.cluster.gateway import EndpointSync, api_proxy, build_app
+from deploy.cluster.manifests.render import Cluster
 from functions.artifacts import ArtifactStore
 from serving.gateway import Gateway
 from tests.fakes.kube import FakeKube

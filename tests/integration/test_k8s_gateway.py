@@ -10,8 +10,8 @@ import json
 import httpx
 from prometheus_client import CollectorRegistry
 
-from deploy.k8s_controller import ConfigMapFunctions
-from deploy.k8s_gateway import EndpointSync, build_app
+from deploy.cluster.configmaps import ConfigMapFunctions
+from deploy.cluster.gateway import EndpointSync, build_app
 from serving.gateway import Gateway, GatewayConfig
 from tests.fakes.kube import FakeKube
 from tests.unit.test_k8s_gateway import endpoint_slice

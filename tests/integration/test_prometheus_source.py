@@ -28,7 +28,7 @@ from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Inventory
 from autoscaler.policy import PolicyState, ScaleDecision, decide
 from autoscaler.prometheus import PrometheusSource
-from deploy.server import HttpScraper
+from deploy.local.server import HttpScraper
 from functions.examples.digits import digits_data
 from functions.spec import ScalingSpec
 from tests.conftest import start_plane, stop_process, wait_for
@@ -217,10 +217,10 @@ def test_controller_decides_the_same_from_promql_as_from_direct_scrapes(tmp_path
 
 
 def _cluster_queries_select_the_function(prometheus_url: str) -> None:
-    """The cluster controller's nine queries (deploy/k8s_controller.py) against this real Prometheus:
+    """The cluster controller's nine queries (deploy/cluster/controller.py) against this real Prometheus:
     they parse, and select the function's series by its label. (Here the targets have no `pod` label,
     so duty is one series; on a cluster the ServiceMonitor adds one per pod.)"""
-    from deploy.k8s_controller import by_function, cluster_queries, prometheus_query, snapshot_from_results
+    from deploy.cluster.controller import by_function, cluster_queries, prometheus_query, snapshot_from_results
 
     query = prometheus_query(prometheus_url)
     split = by_function({key: query(q) for key, q in cluster_queries().items()})

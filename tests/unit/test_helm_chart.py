@@ -1,4 +1,4 @@
-"""The Helm chart (deploy/manifests/helm/shoal) renders the same objects as `shoal k8s render`.
+"""The Helm chart (deploy/cluster/manifests/helm/shoal) renders the same objects as `shoal k8s render`.
 
 The chart's templates are rendered with Go's text/template, the engine Helm uses
 (tests/tools/gotemplate.go, built with Debian's golang-go), for every GPU sharing mode and for
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.manifests.gpus import MODES, Sharing
-from deploy.manifests.helm import chart, default_values, values_for
-from deploy.manifests.render import Cluster, render_control_plane
+from deploy.cluster.manifests.gpus import MODES, Sharing
+from deploy.cluster.manifests.helm import chart, default_values, values_for
+from deploy.cluster.manifests.render import Cluster, render_control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "deploy" / "manifests" / "helm" / "shoal"
+CHART = ROOT / "deploy" / "cluster" / "manifests" / "helm" / "shoal"
 GO = shutil.which("go")
 
 

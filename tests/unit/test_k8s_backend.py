@@ -1,11 +1,11 @@
-"""deploy/backends/kubernetes.py: plans, reconciling against a fake API server (tests/fakes/kube.py),
+"""deploy/cluster/backend.py: plans, reconciling against a fake API server (tests/fakes/kube.py),
 temporary and permanent errors, leader election. A fake clock; no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from deploy.backends.kubernetes import (
+from deploy.cluster.backend import (
     Action,
     Desired,
     KubernetesBackend,
@@ -17,8 +17,8 @@ from deploy.backends.kubernetes import (
     lease_step,
     plan,
 )
-from deploy.k8s import artifact_for
-from deploy.manifests.render import Cluster
+from deploy.cluster.render import artifact_for
+from deploy.cluster.manifests.render import Cluster
 from functions.spec import spec_from_dict
 from tests.fakes.kube import FakeKube, api_error
 
@@ -180,7 +180,7 @@ def test_a_deployment_deleted_behind_our_back_is_recreated():
 
 def test_a_new_revision_replaces_the_whole_template():
     # MIG 1/7 -> 2/7: the new pods ask for mig-2g.20gb only (a merge patch would keep mig-1g.10gb beside it)
-    from deploy.manifests.gpus import Sharing
+    from deploy.cluster.manifests.gpus import Sharing
 
     mig = Cluster(sharing=Sharing(mode="mig"))
     kube, clock = FakeKube(), Clock()

@@ -1,4 +1,4 @@
-"""deploy/k8s_controller.py: a snapshot from PromQL answers (recorded shapes of Prometheus's
+"""deploy/cluster/controller.py: a snapshot from PromQL answers (recorded shapes of Prometheus's
 `data.result`), and the controller's tick against the fake API server, on a fake clock."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ import math
 
 import pytest
 
-from deploy.backends.kubernetes import KubernetesBackend, Observed
-from deploy.k8s import artifact_for
-from deploy.k8s_controller import (
+from deploy.cluster.backend import KubernetesBackend, Observed
+from deploy.cluster.configmaps import ConfigMapFunctions
+from deploy.cluster.render import artifact_for
+from deploy.cluster.controller import (
     ClusterController,
     ColdStarts,
-    ConfigMapFunctions,
     by_function,
     cluster_queries,
     learn_batch,
     snapshot_from_results,
 )
-from deploy.manifests.render import Cluster
+from deploy.cluster.manifests.render import Cluster
 from tests.fakes.kube import FakeKube
 
 
@@ -309,7 +309,7 @@ def test_what_is_learned_is_forgotten_with_the_lease_and_with_the_function():
 
 
 def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
-    import deploy.k8s_controller as k8s_controller
+    import deploy.cluster.controller as k8s_controller
 
     snapshots = []
 

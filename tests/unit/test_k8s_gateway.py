@@ -1,10 +1,10 @@
-"""deploy/k8s_gateway.py, the pure part: endpoints from EndpointSlices and what to route."""
+"""deploy/cluster/gateway.py, the pure part: endpoints from EndpointSlices and what to route."""
 
 from __future__ import annotations
 
 import pytest
 
-from deploy.k8s_gateway import EndpointView, endpoints_from_slices, sync_actions
+from deploy.cluster.gateway import EndpointView, endpoints_from_slices, sync_actions
 
 
 def endpoint_slice(function: str, *endpoints: tuple[str, str, bool, bool], port: int = 8080) -> dict:

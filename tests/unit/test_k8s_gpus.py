@@ -1,10 +1,10 @@
-"""deploy/manifests/gpus.py: a slice in each GPU sharing mode, exact or refused, with the arithmetic beside each."""
+"""deploy/cluster/manifests/gpus.py: a slice in each GPU sharing mode, exact or refused, with the arithmetic beside each."""
 
 from __future__ import annotations
 
 import pytest
 
-from deploy.manifests.gpus import GPUS, ManifestError, Sharing, expressible, gpu_request
+from deploy.cluster.manifests.gpus import GPUS, ManifestError, Sharing, expressible, gpu_request
 from functions.spec import SliceRequest
 
 

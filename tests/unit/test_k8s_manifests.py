@@ -16,10 +16,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy.k8s import artifact_for, example_spec, main, render, to_yaml
-from deploy.manifests.gpus import MODES, Sharing
-from deploy.manifests.kserve import inference_service, predictor_as_pod
-from deploy.manifests.render import Cluster
+from deploy.cluster.render import artifact_for, example_spec, main, render, to_yaml
+from deploy.cluster.manifests.gpus import MODES, Sharing
+from deploy.cluster.manifests.kserve import inference_service, predictor_as_pod
+from deploy.cluster.manifests.render import Cluster
 
 VERSIONS = [f"1.{m}" for m in range(29, 38)]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "k8s"
@@ -212,9 +212,9 @@ def test_container_args_are_what_the_roles_accept():
     """Each rendered container's args parse with the parser of the role they start (no drift between the
     manifests and the commands)."""
     from deploy.cli import COMMANDS
-    from deploy.fetch import build_parser as fetch_parser
-    from deploy.k8s_controller import build_parser as controller_parser
-    from deploy.k8s_gateway import build_parser as gateway_parser
+    from deploy.cli.fetch import build_parser as fetch_parser
+    from deploy.cluster.controller import build_parser as controller_parser
+    from deploy.cluster.gateway import build_parser as gateway_parser
     from serving.replica import build_parser as replica_parser
 
     parsers = {"controller": controller_parser, "replica": replica_parser, "fetch": fetch_parser,

@@ -9,8 +9,8 @@ from fractions import Fraction
 from pathlib import Path
 
 from autoscaler.placement import Device, Placement
-from deploy.backends.local import replica_argv, replica_env
-from deploy.inventory import discover_gpus
+from deploy.local.backend import replica_argv, replica_env
+from deploy.local.inventory import discover_gpus
 from functions.spec import BatchingSpec, FunctionSpec
 
 SPEC = FunctionSpec("f", "sha256:" + "a" * 64 + "/m.onnx", batching=BatchingSpec(max_batch_size=8, max_queue_delay_ms=2))

@@ -26,7 +26,7 @@ from autoscaler.controller import Controller, Replica
 from autoscaler.metrics import ReplicaStat, advance_window, duty_cycle, parse_replica_metrics, request_rate
 from autoscaler.placement import Inventory
 from autoscaler.prometheus import PrometheusSource, replica_query, stat_from_query
-from deploy.server import build_parser, metrics_source_url
+from deploy.local.server import build_parser, metrics_source_url
 
 RECORDED = Path(__file__).parent / "recorded"
 ANSWER = json.loads((RECORDED / "prometheus_replica_query.json").read_text())

@@ -97,7 +97,7 @@ ALLOWED = {
         "without trust (tests/fuzz/test_hostile_artifacts.py)",
     ("serving/models/__init__.py", "importlib.import_module"):
         "imports a loader module named in the LOADERS table; a user's --loader is looked up in it first",
-    ("deploy/cli.py", "importlib.import_module"):
+    ("deploy/cli/__init__.py", "importlib.import_module"):
         "imports a command's module named in the COMMANDS table; an unknown command is refused before",
 }
 
@@ -236,7 +236,7 @@ def test_every_api_route_needs_the_token(tmp_path):
 
 
 def test_the_token_file_is_0600_whatever_the_umask(tmp_path):
-    from deploy.server import ensure_token
+    from deploy.local.server import ensure_token
 
     old = os.umask(0)
     try:
@@ -307,13 +307,13 @@ def test_every_host_option_defaults_to_loopback(monkeypatch):
     parsers = build_parsers(monkeypatch)
     hosts = {where: action.default for where, p in parsers.items() for action in p._actions
              if set(action.option_strings) & set(HOST_OPTIONS)}
-    assert {"deploy.server:build_parser", "serving.replica:build_parser", "deploy.k8s_gateway:build_parser",
-            "deploy.k8s_controller:build_parser", "loadtests.bench.httpload:main"} <= set(hosts), hosts
+    assert {"deploy.local.server:build_parser", "serving.replica:build_parser", "deploy.cluster.gateway:build_parser",
+            "deploy.cluster.controller:build_parser", "loadtests.bench.httpload:main"} <= set(hosts), hosts
     assert {w: h for w, h in hosts.items() if h not in LOOPBACK} == {}
 
 
 # argv lists that pass a non-loopback --host on purpose
-ARGV_HOSTS_ALLOWED = {"deploy/manifests/render.py": "pods listen on their pod IP, reached through their Service; "
+ARGV_HOSTS_ALLOWED = {"deploy/cluster/manifests/render.py": "pods listen on their pod IP, reached through their Service; "
                                                     "the chart's NetworkPolicies say who may connect"}
 
 
@@ -350,14 +350,14 @@ def test_literal_listen_addresses_are_loopback():
     found = literal_listen_addresses()
     where = {path for path, _, _ in found}
     # the scan sees the listeners it must: the Ray peer's proxy, the KServe peer's uvicorn, the local backend's replicas
-    assert {"loadtests/peers/ray_serve_app.py", "loadtests/peers/kserve_onnx.py", "deploy/backends/local.py"} <= where
+    assert {"loadtests/peers/ray_serve_app.py", "loadtests/peers/kserve_onnx.py", "deploy/local/backend.py"} <= where
     assert [f for f in found if f[2] not in LOOPBACK] == []
 
 
 def test_shoal_up_beyond_loopback_without_auth_warns(tmp_path, monkeypatch, capsys):
     """`shoal up --host 0.0.0.0`: the warning is printed before binding. The port is held by a loopback
     listener, so the bind then fails and nothing ever listens beyond loopback in this test."""
-    from deploy.server import main
+    from deploy.local.server import main
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # where the plane's socket folder goes if it needs one
     held = socket.socket()
@@ -433,7 +433,7 @@ def test_gateway_infer_past_the_limit_is_413():
 
 
 def test_controller_poke_never_reads_a_body():
-    from deploy.k8s_controller import controller_app
+    from deploy.cluster.controller import controller_app
 
     pokes = []
     ctl = SimpleNamespace(is_leader=True, poke=lambda function, held: pokes.append((function, held)))

@@ -1,4 +1,4 @@
-"""The cluster simulator (autoscaler/simulator.py) and `shoal simulate` (deploy/simulate.py).
+"""The cluster simulator (autoscaler/simulator.py) and `shoal simulate` (deploy/cli/simulate.py).
 
 Table-driven on tiny hand-made traces; expected latencies carry their arithmetic. Unless
 a case says otherwise: one function "f0" with profile P10 = batch-1 latency 10 ms on its
@@ -47,7 +47,7 @@ from autoscaler.simulator import (
     warm_start,
 )
 from autoscaler.traces import Trace, make_trace
-from deploy import simulate as cli
+from deploy.cli import simulate as cli
 
 BIN = 10 ** (1 / 50)  # histogram bin width ratio (4.7 %)
 P10 = Profile("p10", ((1, 10.0),), 0.25, 0.25, cold_start_s=0.0, slo_ms=1000)

@@ -1,6 +1,6 @@
 """The local backend: replicas as processes on this machine, forked from a zygote.
 
-The zygote (deploy/backends/zygote.py) imports the runtime once; each replica
+The zygote (deploy/local/zygote.py) imports the runtime once; each replica
 is a fork that loads its own model, bound to its slice (CPU affinity and
 threads, or CUDA_VISIBLE_DEVICES, MPS limits and the framework's memory limit
 on a GPU). Replicas die with the control plane, even on `kill -9`.
@@ -134,7 +134,7 @@ class LocalBackend:
         # replicas before it stops them, instead of killing every replica at once
         with open(self.log_dir / "zygote.log", "ab") as log_file:
             self._zygote = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "deploy.backends.zygote",
+                sys.executable, "-m", "deploy.local.zygote",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             )

@@ -21,7 +21,6 @@ function whose metrics cannot be read keeps its replica count this tick.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -35,12 +34,12 @@ from autoscaler.metrics import (
     learn_batch_latency,
 )
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from deploy.backends.kubernetes import Desired, KubernetesBackend, Observed, as_dict, items_of
-from functions.spec import FunctionSpec, spec_from_dict
+from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
+from deploy.cluster.backend import Desired, KubernetesBackend, Observed
+from functions.spec import FunctionSpec
 
 log = logging.getLogger("shoal.k8s.controller")
 
-FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
 WINDOW_S = 30.0  # what the rates of a snapshot are measured over
 WINDOW = f"{WINDOW_S:g}s"  # the same in PromQL: "30s"
 POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
@@ -132,37 +131,6 @@ def learn_batch(table: tuple[tuple[float, float], ...], results: dict[str, list]
     return table if window is None else learn_batch_latency(table, *window)
 
 
-class ConfigMapFunctions:
-    """Function specs kept as ConfigMaps in the namespace (what the control API writes)."""
-
-    def __init__(self, core: Any, namespace: str):
-        self.core, self.namespace = core, namespace
-
-    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
-        """The functions whose spec reads; the names of those that do not are in `self.broken`."""
-        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
-        out: dict[str, tuple[FunctionSpec, int]] = {}
-        self.broken: set[str] = set()
-        for cm in map(as_dict, items_of(listing)):
-            data = cm.get("data") or {}
-            try:
-                spec = spec_from_dict(json.loads(data["spec.json"]))
-                out[spec.name] = (spec, int(data.get("revision", "1")))
-            except (KeyError, ValueError) as exc:  # one bad ConfigMap must not stop the others
-                log.warning("ConfigMap %s: not a function spec (%s)", cm["metadata"]["name"], exc)
-                name = (cm["metadata"].get("labels") or {}).get("shoal.dev/function")
-                if name:
-                    self.broken.add(name)  # what runs for it is kept, not deleted
-        return out
-
-    @staticmethod
-    def config_map(spec_json: dict[str, Any], revision: int, namespace: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": f"function-{spec_json['name']}", "namespace": namespace,
-                             "labels": {"shoal.dev/kind": "function", "shoal.dev/function": spec_json["name"]}},
-                "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
-
-
 def forget_others(keep: set[str], *tables: dict[str, Any]) -> None:
     """Drop every entry whose function is not in `keep`, from each table, in place."""
     for table in tables:
@@ -235,7 +203,7 @@ class ClusterController:
                  query: Callable[[str], list[dict[str, Any]]], artifact: Callable[[FunctionSpec], Any],
                  clock: Callable[[], float], lease: str = "shoal-controller", lease_s: float = 15.0):
         """`query(promql)` returns the `data.result` of an instant query or raises; `artifact(spec)`
-        says where a function's artifact is (deploy.k8s.artifact_for)."""
+        says where a function's artifact is (deploy.cluster.render.artifact_for)."""
         self.backend, self.functions, self.query, self.artifact, self.clock = (backend, functions, query, artifact,
                                                                                clock)
         self.lease, self.lease_s = lease, lease_s
@@ -324,8 +292,8 @@ def prometheus_query(url: str, timeout_s: float = 5.0) -> Callable[[str], list[d
 def build_parser():
     import argparse
 
-    from deploy.manifests.gpus import GPUS, HAMI_POLICIES, MODES
-    from deploy.manifests.render import ARTIFACT_SOURCES, Cluster
+    from deploy.cluster.manifests.gpus import GPUS, HAMI_POLICIES, MODES
+    from deploy.cluster.manifests.render import ARTIFACT_SOURCES, Cluster
 
     p = argparse.ArgumentParser(prog="shoal controller", description="the controller on a Kubernetes cluster")
     p.add_argument("--backend", choices=("kubernetes",), default="kubernetes")
@@ -419,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import Counter, Gauge
 
     from deploy.api import create_api
-    from deploy.k8s import artifact_for
-    from deploy.k8s_api import ClusterPlane, ConfigMapRegistry
-    from deploy.manifests.gpus import Sharing
-    from deploy.manifests.render import Cluster
+    from deploy.cluster.render import artifact_for
+    from deploy.cluster.plane import ClusterPlane
+    from deploy.cluster.manifests.gpus import Sharing
+    from deploy.cluster.manifests.render import Cluster
     from functions.artifacts import ArtifactStore
 
     args = build_parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """The Python SDK: everything `shoal` does, from a script or a Jupyter notebook.
 
-    from deploy.client import Shoal
+    from deploy.cli.client import Shoal
     shoal = Shoal()                      # SHOAL_URL / SHOAL_TOKEN, or .shoal/token
     shoal.deploy("digits.onnx", name="digits", slice="1/4", max_replicas=4, wait=True)
     shoal.infer("digits", {"X": x})      # V2 through the gateway -> {name: numpy array}

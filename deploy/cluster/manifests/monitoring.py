@@ -19,27 +19,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deploy.cluster.manifests.labels import labels, selector
+
 OBJECTIVES = {"Latency": 0.95, "Availability": 0.999}  # a p95 latency SLO allows 5 % slow; errors 0.1 %
 # the default slo_p95_ms (100 ms) as a bucket bound of shoal_gateway_request_duration_seconds
 SLO_BUCKET_S = "0.1"
 BURNS = (("fast", 14.4, "1h", "5m", "critical", "2m"), ("slow", 6.0, "6h", "30m", "warning", "15m"))
 
 
-def _labels(component: str) -> dict[str, str]:
-    from deploy.manifests.render import labels
-
-    return labels(component)
-
-
 def service_monitors(cluster) -> list[dict[str, Any]]:
-    from deploy.manifests.render import _selector
-
     out = []
     for component, port in (("gateway", "http"), ("controller", "http"), ("replica", "http")):
         out.append({
             "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": {"name": f"shoal-{component}", "namespace": cluster.namespace, "labels": _labels("monitoring")},
-            "spec": {"selector": {"matchLabels": _selector(component)},
+            "metadata": {"name": f"shoal-{component}", "namespace": cluster.namespace, "labels": labels("monitoring")},
+            "spec": {"selector": {"matchLabels": selector(component)},
                      "namespaceSelector": {"matchNames": [cluster.namespace]},
                      "endpoints": [{"port": port, "path": "/metrics", "interval": "5s" if component == "replica" else
                                     "15s", "scrapeTimeout": "4s"}]},
@@ -91,7 +85,7 @@ def prometheus_rule(cluster) -> dict[str, Any]:
                          "description": "Requests wait for replicas that do not come: check that it can be placed."}},
     ]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "shoal", "namespace": cluster.namespace, "labels": _labels("monitoring")},
+            "metadata": {"name": "shoal", "namespace": cluster.namespace, "labels": labels("monitoring")},
             "spec": {"groups": [{"name": "shoal.slo", "rules": rules}]}}
 
 
@@ -143,5 +137,5 @@ def dashboard() -> dict[str, Any]:
 def grafana_dashboard(cluster) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "shoal-dashboard", "namespace": cluster.namespace,
-                         "labels": {**_labels("monitoring"), "grafana_dashboard": "1"}},
+                         "labels": {**labels("monitoring"), "grafana_dashboard": "1"}},
             "data": {"shoal.json": json.dumps(dashboard(), indent=1, sort_keys=True)}}

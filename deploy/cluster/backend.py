@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from deploy.manifests.render import FUNCTION_LABEL, MANAGED, PART, Artifact, Cluster, render_function
+from deploy.cluster.manifests.labels import FUNCTION_LABEL, MANAGED, PART
+from deploy.cluster.manifests.render import Artifact, Cluster, render_function
 from functions.spec import FunctionSpec
 
 log = logging.getLogger("shoal.kubernetes")

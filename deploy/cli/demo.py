@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from deploy.client import Shoal
+from deploy.cli.client import Shoal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +147,7 @@ def _ready(shoal: Shoal) -> int:
 
 
 def _top(shoal: Shoal) -> str:
-    from deploy.commands import render_top
+    from deploy.cli.commands import render_top
 
     return render_top(shoal.status())
 

@@ -2,7 +2,7 @@
 
     shoal k8s render --mode hami --gpu A100-80GB --out deploy/rendered/hami
     shoal k8s render --mode mig --function-spec digits.json --artifact-source oci --kind inferenceservice
-    shoal k8s helm --out deploy/manifests/helm/shoal
+    shoal k8s helm --out deploy/cluster/manifests/helm/shoal
 
 Writes the namespace, RBAC, the gateway and controller Deployments and Services,
 NetworkPolicies, PodDisruptionBudgets, ServiceMonitors, the PrometheusRule, the Grafana
@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from deploy.manifests.gpus import GPUS, HAMI_POLICIES, MODES, ManifestError, Sharing
-from deploy.manifests.render import ARTIFACT_SOURCES, Artifact, Cluster, render_control_plane, render_function
+from deploy.cluster.manifests.gpus import GPUS, HAMI_POLICIES, MODES, ManifestError, Sharing
+from deploy.cluster.manifests.render import ARTIFACT_SOURCES, Artifact, Cluster, render_control_plane, render_function
 from functions.spec import FunctionSpec, SpecError, spec_from_dict
 
 EXAMPLE_DIGEST = "3a261e02a02e3b892f4ba77bd16befe3d2260fe72ac3edb5f4a9e1fe0f533291"
@@ -56,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="url: the base URL of the artifacts; oci: the image repository (tag: sha256-DIGEST[:32])")
     r.add_argument("--out", help="a folder (default: one YAML stream on stdout)")
     h = sub.add_parser("helm", help="write the Helm chart of the control plane (the same objects, as templates)")
-    h.add_argument("--out", default="deploy/manifests/helm/shoal")
+    h.add_argument("--out", default="deploy/cluster/manifests/helm/shoal")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "helm":
-        from deploy.manifests.helm import chart
+        from deploy.cluster.manifests.helm import chart
 
         out = Path(args.out)
         for old in out.glob("templates/*.yaml"):
@@ -107,7 +107,7 @@ def render(cluster: Cluster, specs: list[FunctionSpec], *, kind: str = "deployme
     for spec in specs:
         artifact = artifact_for(spec, source, base)
         if kind == "inferenceservice":
-            from deploy.manifests.kserve import inference_service
+            from deploy.cluster.manifests.kserve import inference_service
 
             docs.append(inference_service(cluster, spec, artifact))
         else:

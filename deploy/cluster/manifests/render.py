@@ -19,7 +19,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploy.manifests.gpus import GpuRequest, Sharing, gpu_request
+from deploy.cluster.manifests.gpus import GpuRequest, Sharing, gpu_request
+from deploy.cluster.manifests.labels import FUNCTION_LABEL, labels, selector
+from deploy.cluster.manifests.monitoring import grafana_dashboard, prometheus_rule, service_monitors
 from functions.spec import LIMITS, FunctionSpec
 
 GATEWAY_PORT = 8080
@@ -27,10 +29,6 @@ REPLICA_PORT = 8080
 CONTROLLER_PORT = 8081  # /healthz and /metrics
 RUN_AS = 65532  # the distroless "nonroot" user
 ARTIFACT_SOURCES = ("pvc", "url", "oci")
-APP = "app.kubernetes.io/name"
-PART = "app.kubernetes.io/component"
-MANAGED = "app.kubernetes.io/managed-by"
-FUNCTION_LABEL = "shoal.dev/function"
 
 
 @dataclass(frozen=True)
@@ -83,14 +81,6 @@ class Cluster:
             raise ValueError("gateway and controller need at least one replica each")
 
 
-def labels(component: str, **extra: str) -> dict[str, str]:
-    return {APP: "shoal", PART: component, MANAGED: "shoal", **extra}
-
-
-def _selector(component: str, **extra: str) -> dict[str, str]:
-    return {APP: "shoal", PART: component, **extra}
-
-
 def _meta(name: str, cluster: Cluster, component: str, **extra_labels: str) -> dict[str, Any]:
     return {"name": name, "namespace": cluster.namespace, "labels": labels(component, **extra_labels)}
 
@@ -138,11 +128,11 @@ def _container(name: str, cluster: Cluster, args: list[str], port: int, port_nam
 def _deployment(name: str, cluster: Cluster, component: str, replicas: int, pod_spec: dict[str, Any],
                 pod_labels: dict[str, str], annotations: dict[str, str] | None = None,
                 strategy: dict[str, Any] | None = None) -> dict[str, Any]:
-    selector = _selector(component, **{k: v for k, v in pod_labels.items() if k == FUNCTION_LABEL})
+    matching = selector(component, **{k: v for k, v in pod_labels.items() if k == FUNCTION_LABEL})
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, cluster, component, **pod_labels),
         "spec": {
-            "replicas": replicas, "revisionHistoryLimit": 3, "selector": {"matchLabels": selector},
+            "replicas": replicas, "revisionHistoryLimit": 3, "selector": {"matchLabels": matching},
             "strategy": strategy or {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": labels(component, **pod_labels), "annotations": annotations or {}},
                          "spec": {"securityContext": pod_security(), "automountServiceAccountToken": False,
@@ -159,8 +149,6 @@ def _tmp_volume() -> dict[str, Any]:
 
 
 def render_control_plane(cluster: Cluster) -> list[dict[str, Any]]:
-    from deploy.manifests.monitoring import grafana_dashboard, prometheus_rule, service_monitors
-
     docs: list[dict[str, Any]] = [namespace(cluster)]
     docs += service_accounts(cluster)
     docs += rbac(cluster)
@@ -270,16 +258,16 @@ def controller(cluster: Cluster) -> dict[str, Any]:
 
 def _spread(component: str) -> dict[str, Any]:
     return {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": _selector(component)}}
+            "labelSelector": {"matchLabels": selector(component)}}
 
 
 def services(cluster: Cluster) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta("shoal-gateway", cluster, "gateway"),
-         "spec": {"type": "ClusterIP", "selector": _selector("gateway"),
+         "spec": {"type": "ClusterIP", "selector": selector("gateway"),
                   "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]}},
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta("shoal-controller", cluster, "controller"),
-         "spec": {"type": "ClusterIP", "selector": _selector("controller"),
+         "spec": {"type": "ClusterIP", "selector": selector("controller"),
                   "ports": [{"name": "http", "port": CONTROLLER_PORT, "targetPort": "http", "protocol": "TCP"}]}},
     ]
 
@@ -290,20 +278,20 @@ def network_policies(cluster: Cluster) -> list[dict[str, Any]]:
     prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.monitoring_namespace}}}
 
     def policy(name: str, component: str | None, ingress: list[dict[str, Any]]) -> dict[str, Any]:
-        selector = {"matchLabels": _selector(component)} if component else {}
+        pods = {"matchLabels": selector(component)} if component else {}
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "metadata": _meta(name, cluster, component or "namespace"),
-                "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress}}
+                "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress}}
 
     return [
         policy("shoal-default-deny", None, []),
         policy("shoal-gateway", "gateway", [{"ports": [{"port": GATEWAY_PORT, "protocol": "TCP"}]}]),
         policy("shoal-replica", "replica", [{
-            "from": [{"podSelector": {"matchLabels": _selector("gateway")}},
-                     {"podSelector": {"matchLabels": _selector("controller")}}, prometheus],
+            "from": [{"podSelector": {"matchLabels": selector("gateway")}},
+                     {"podSelector": {"matchLabels": selector("controller")}}, prometheus],
             "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]}]),
         policy("shoal-controller", "controller", [{  # Prometheus scrapes it; gateways poke it
-            "from": [prometheus, {"podSelector": {"matchLabels": _selector("gateway")}}],
+            "from": [prometheus, {"podSelector": {"matchLabels": selector("gateway")}}],
             "ports": [{"port": CONTROLLER_PORT, "protocol": "TCP"}]}]),
     ]
 
@@ -313,7 +301,7 @@ def disruption_budgets(cluster: Cluster) -> list[dict[str, Any]]:
     Lease), so any budget would count it unavailable and block draining the leader's node."""
     return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
              "metadata": _meta("shoal-gateway", cluster, "gateway"),
-             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector("gateway")}}}]
+             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector("gateway")}}}]
 
 
 def device_plugin_config(cluster: Cluster) -> dict[str, Any] | None:
@@ -352,7 +340,7 @@ def render_function(cluster: Cluster, spec: FunctionSpec, artifact: Artifact, re
     deployment["metadata"]["annotations"] = {"shoal.dev/gpu-sharing": cluster.sharing.mode,
                                              "shoal.dev/slice": spec.slice.name}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, cluster, "replica", **pod_labels),
-               "spec": {"type": "ClusterIP", "selector": _selector("replica", **{FUNCTION_LABEL: spec.name}),
+               "spec": {"type": "ClusterIP", "selector": selector("replica", **{FUNCTION_LABEL: spec.name}),
                         "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]}}
     return [deployment, service]
 

@@ -23,8 +23,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from deploy.backends.kubernetes import as_dict, items_of
-from deploy.manifests.render import FUNCTION_LABEL
+from deploy.cluster.backend import as_dict, items_of
+from deploy.cluster.configmaps import FUNCTION_KIND_LABEL
+from deploy.cluster.manifests.render import FUNCTION_LABEL
 from functions.spec import LIMITS, MAX_TIMEOUT_S
 
 log = logging.getLogger("shoal.k8s.gateway")
@@ -118,7 +119,6 @@ class EndpointSync:
         return function in self.functions
 
     async def sync_once(self) -> list[tuple[str, EndpointView]]:
-        from deploy.k8s_controller import FUNCTION_KIND_LABEL
 
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
         maps = [as_dict(c) for c in items_of(listing)]

@@ -1,6 +1,6 @@
 """The zygote: imports the replica runtime once, then forks a replica per request.
 
-    python -m deploy.backends.zygote      (started by the local backend, never by hand)
+    python -m deploy.local.zygote      (started by the local backend, never by hand)
 
 Protocol, one JSON object per line: the control plane writes
 `{"op": "spawn", "id": ..., "argv": [...], "env": {...}, "log": PATH}` or

@@ -1,31 +1,53 @@
-"""The control API on a cluster: the same `/api/v1` as `shoal up` (deploy/api.py), so `shoal deploy`,
-`shoal ls`, `shoal rm` and the SDK work unchanged against a cluster.
-
-The controller serves it. The gateway forwards `/api/` to it, so a client needs only the
-gateway's URL. On the cluster:
-- functions are ConfigMaps (`ConfigMapRegistry`: the spec as JSON and its revision, written by
-  the API and read by the controller and the gateways);
-- artifacts are files in the artifacts PVC, in the artifact store's own layout (the replicas
-  mount it read-only);
-- events are the controller's own, kept in memory.
-
-`ClusterPlane` is the object `create_api()` drives, as `ControlPlane` is in `shoal up`.
-"""
+"""Functions as ConfigMaps in the namespace: the spec as JSON and its revision, written by the
+control API (`ConfigMapRegistry`) and read by the controller (`ConfigMapFunctions`) and the gateways.
+Reading and writing live here together so the two cannot drift apart."""
 
 from __future__ import annotations
 
 import collections
 import itertools
 import json
+import logging
 from typing import Any, Callable
 
-from deploy.api import write_artifact
-from deploy.backends.kubernetes import as_dict, check_names, items_of
-from deploy.k8s_controller import FUNCTION_KIND_LABEL, ConfigMapFunctions
-from deploy.manifests.render import Artifact, Cluster, render_function
-from functions.artifacts import ArtifactStore
+from deploy.cluster.backend import as_dict, items_of
 from functions.registry import Event, FunctionRecord, NotFound
-from functions.spec import FunctionSpec, SpecError, spec_from_dict, spec_to_dict
+from functions.spec import FunctionSpec, spec_from_dict, spec_to_dict
+
+log = logging.getLogger("shoal.k8s.controller")
+
+FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
+
+
+class ConfigMapFunctions:
+    """Function specs kept as ConfigMaps in the namespace (what the control API writes)."""
+
+    def __init__(self, core: Any, namespace: str):
+        self.core, self.namespace = core, namespace
+
+    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
+        """The functions whose spec reads; the names of those that do not are in `self.broken`."""
+        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
+        out: dict[str, tuple[FunctionSpec, int]] = {}
+        self.broken: set[str] = set()
+        for cm in map(as_dict, items_of(listing)):
+            data = cm.get("data") or {}
+            try:
+                spec = spec_from_dict(json.loads(data["spec.json"]))
+                out[spec.name] = (spec, int(data.get("revision", "1")))
+            except (KeyError, ValueError) as exc:  # one bad ConfigMap must not stop the others
+                log.warning("ConfigMap %s: not a function spec (%s)", cm["metadata"]["name"], exc)
+                name = (cm["metadata"].get("labels") or {}).get("shoal.dev/function")
+                if name:
+                    self.broken.add(name)  # what runs for it is kept, not deleted
+        return out
+
+    @staticmethod
+    def config_map(spec_json: dict[str, Any], revision: int, namespace: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"function-{spec_json['name']}", "namespace": namespace,
+                             "labels": {"shoal.dev/kind": "function", "shoal.dev/function": spec_json["name"]}},
+                "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
 
 
 class ConfigMapRegistry:
@@ -96,50 +118,3 @@ class ConfigMapRegistry:
     def events(self, function: str | None = None, after_id: int = 0, limit: int = 200) -> list[Event]:
         chosen = [e for e in self._events if (function is None or e.function == function) and e.id > after_id]
         return chosen[:limit] if after_id else chosen[-limit:]
-
-
-class ClusterPlane:
-    """What deploy/api.py's create_api() needs, on a cluster."""
-
-    def __init__(self, registry: ConfigMapRegistry, store: ArtifactStore, token: str,
-                 status: Callable[[], dict[str, Any]], inventory: Callable[[], dict[str, Any]],
-                 changed: Callable[[str], None], cluster: Cluster | None = None):
-        self.registry, self.store, self.token = registry, store, token
-        self._status, self._inventory, self._changed = status, inventory, changed
-        self.cluster = cluster or Cluster()
-
-    def check(self, spec: FunctionSpec) -> None:
-        """Refuse at deploy (400) what the cluster could not run: a slice its GPU sharing mode cannot
-        express, a name too long for the function's objects."""
-        try:
-            deployment, service = render_function(self.cluster, spec, Artifact("pvc", "check/model"))
-            check_names(deployment, service)
-        except ValueError as exc:
-            raise SpecError(f"{spec.name}: {exc}") from None
-
-    async def store_artifact(self, stream, filename: str):
-        return await write_artifact(self.store, stream, filename)  # the file on the PVC is the record
-
-    def put_function(self, spec: FunctionSpec) -> FunctionRecord:
-        self.check(spec)
-        record, changed = self.registry.put_function(spec, self.registry.clock())
-        if changed:
-            self.registry.add_event(self.registry.clock(), "deploy", f"{spec.name} revision {record.revision}",
-                                    spec.name, {"revision": record.revision})
-            self._changed(spec.name)
-        return record
-
-    def delete_function(self, name: str) -> None:
-        self.registry.delete_function(name)
-        self.registry.add_event(self.registry.clock(), "delete", f"{name} removed", name)
-        self._changed(name)
-
-    def function_view(self, record: FunctionRecord) -> dict[str, Any]:
-        name = record.spec.name
-        return {**record.to_json(), "endpoints": {"v2": f"/v2/models/{name}/infer", "v1": f"/v1/models/{name}:predict"}}
-
-    def status(self) -> dict[str, Any]:
-        return self._status()
-
-    def inventory_view(self) -> dict[str, Any]:
-        return self._inventory()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deploy.manifests.gpus import gpu_request
-from deploy.manifests.render import (
+from deploy.cluster.manifests.gpus import gpu_request
+from deploy.cluster.manifests.render import (
     FUNCTION_LABEL,
     Artifact,
     Cluster,

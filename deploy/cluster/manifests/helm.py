@@ -16,8 +16,8 @@ import re
 
 import yaml
 
-from deploy.manifests.gpus import MODES, Sharing
-from deploy.manifests.render import Cluster, device_plugin_config, render_control_plane
+from deploy.cluster.manifests.gpus import MODES, Sharing
+from deploy.cluster.manifests.render import Cluster, device_plugin_config, render_control_plane
 
 CHART_VERSION = "0.1.0"
 # values that cannot occur in a rendered object by accident: each is put back as its template action

@@ -35,8 +35,8 @@ from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
 from autoscaler.prometheus import PrometheusSource
 from deploy.api import check_token, create_api, write_artifact
-from deploy.backends.local import LocalBackend
-from deploy.inventory import discover_gpus, memory_mib, usable_cpus
+from deploy.local.backend import LocalBackend
+from deploy.local.inventory import discover_gpus, memory_mib, usable_cpus
 from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
 from functions.registry import FunctionRecord, Registry
 from functions.spec import LIMITS, FunctionSpec

@@ -10,22 +10,22 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("deploy.server:main", "run the control plane: gateway, API, controller, local backend"),
-    "deploy": ("deploy.commands:deploy", "deploy a model artifact as a function"),
-    "ls": ("deploy.commands:ls", "list functions"),
-    "rm": ("deploy.commands:rm", "remove a function"),
-    "invoke": ("deploy.commands:invoke", "send one request to a function"),
-    "events": ("deploy.commands:events", "show scale decisions and other events"),
-    "top": ("deploy.commands:top", "live table of functions, replicas, slices, duty cycle"),
-    "export": ("deploy.commands:export", "write a function as a Nuclio function.yaml"),
+    "up": ("deploy.local.server:main", "run the control plane: gateway, API, controller, local backend"),
+    "deploy": ("deploy.cli.commands:deploy", "deploy a model artifact as a function"),
+    "ls": ("deploy.cli.commands:ls", "list functions"),
+    "rm": ("deploy.cli.commands:rm", "remove a function"),
+    "invoke": ("deploy.cli.commands:invoke", "send one request to a function"),
+    "events": ("deploy.cli.commands:events", "show scale decisions and other events"),
+    "top": ("deploy.cli.commands:top", "live table of functions, replicas, slices, duty cycle"),
+    "export": ("deploy.cli.commands:export", "write a function as a Nuclio function.yaml"),
     "replica": ("serving.replica:main", "serve one model artifact on one slice (V2, V1, /metrics)"),
     "loadtest": ("loadtests.runner:main", "run a Locust scenario against a function and write a report"),
-    "gateway": ("deploy.k8s_gateway:main", "the gateway on a Kubernetes cluster (EndpointSlices, activator)"),
-    "controller": ("deploy.k8s_controller:main", "the controller on a Kubernetes cluster (Lease, PromQL, scale)"),
-    "fetch": ("deploy.fetch:main", "download an artifact and check its sha256 (a replica pod's init container)"),
-    "k8s": ("deploy.k8s:main", "render Shoal's Kubernetes manifests for a GPU sharing mode"),
-    "simulate": ("deploy.simulate:main", "compare scaling policies on a trace in the cluster simulator"),
-    "demo": ("deploy.demo:main", "serve the example model and call it every way (make demo)"),
+    "gateway": ("deploy.cluster.gateway:main", "the gateway on a Kubernetes cluster (EndpointSlices, activator)"),
+    "controller": ("deploy.cluster.controller:main", "the controller on a Kubernetes cluster (Lease, PromQL, scale)"),
+    "fetch": ("deploy.cli.fetch:main", "download an artifact and check its sha256 (a replica pod's init container)"),
+    "k8s": ("deploy.cluster.render:main", "render Shoal's Kubernetes manifests for a GPU sharing mode"),
+    "simulate": ("deploy.cli.simulate:main", "compare scaling policies on a trace in the cluster simulator"),
+    "demo": ("deploy.cli.demo:main", "serve the example model and call it every way (make demo)"),
     "version": ("deploy.cli:version", "print Shoal's version"),
 }
 
@@ -56,6 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     module, _, func = COMMANDS[command][0].partition(":")
     return int(getattr(importlib.import_module(module), func)(rest) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from deploy.client import Shoal, ShoalError
+from deploy.cli.client import Shoal, ShoalError
 
 
 def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

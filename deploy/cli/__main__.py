@@ -1,0 +1,7 @@
+"""`python -m deploy.cli COMMAND ...`: the same as `shoal COMMAND ...`."""
+
+import sys
+
+from deploy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The local platform, `shoal up`: the server, the local backend (zygote fork) and the device inventory."""
