@@ -1,52 +1,8 @@
-"""Request-arrival traces for the cluster simulator (pure: stdlib and numpy only).
-
-`make_trace(kind, functions=..., seconds=..., seed=..., **options)` makes a `Trace`:
-the arrival times of `functions` independent request streams over `[0, seconds)`,
-merged into one time-sorted array with the function index of each arrival.
-Everything is drawn from `numpy.random.default_rng(seed)`, so a seed gives the
-same arrays every time. Nothing here reads a clock; only the `csv` kind reads a
-file, the one named by its `path` option.
-
-Kinds and their options (rates are requests per second, times are seconds):
-
-    poisson  rate=50
-    gamma    rate=50, cv=2          renewal process, Gamma gaps: shape 1/cv^2, mean 1/rate, 0 < cv <= 100
-    step     rate=50, step_at_s=seconds/2, step_x=4
-    spike    rate=50, spike_x=10, spike_s=30, spike_at_s=seconds/3
-    diurnal  rate=50, swing=2, period_s=seconds, phase=0
-    mmpp     rate=50, mmpp_x=5, low_s=60, high_s=15
-    azure    total_rate=0.25*functions, min_rate=1e-6, swing=2, period_s=86400, timer_share=0.3
-    csv      path (required); the functions come from the file (`functions`, `seed` unused)
-
-`seconds` defaults to 600 for the generators; for `csv`, None means "up to the
-last timestamp" and a number clips the replay there. `Trace.params` holds every
-option as resolved (defaults filled in) plus `functions`, `seconds` and `seed`,
-so `make_trace(trace.kind, **trace.params)` makes the same trace again.
-`Trace.rates` is each function's configured mean rate (see `Trace`).
-
-The azure kind follows Shahrad et al., "Serverless in the Wild" (ATC 2020):
-45% of functions are invoked at most once an hour (rates log-uniform on
-[min_rate, 1/3600)), 36% at most once a minute (log-uniform on (1/3600, 1/60]),
-and the busiest 19% (a truncated power law, P(rate > x) ~ x^-0.67 over a 10^4
-span, scaled so that the total mean rate is `total_rate`; any that would fall to
-once a minute or less are lifted just above it) carry over 99% of the requests
-(as long as total_rate is at least about 0.15 per function). With the defaults
-the busy class starts at about two requests a minute and the busiest of 10,000
-functions has about 250 req/s, so mean rates span about 8.4 orders of magnitude
-(1e-6 to 2.5e2), and 10,000 functions make about 9 million arrivals an hour.
-Rates are stratified (one draw in each 1/n-quantile of its class) and dealt to
-functions in random order, so the population shape hardly depends on the seed.
-A share `timer_share` of the infrequent functions whose period would lie
-between 1 minute and 1 day are periodic timers (1, 2, 5, 10, 15, 30 min, 1, 2,
-6, 12, 24 h: the one nearest their drawn rate within their class; a random
-phase; each firing late by up to 1 s); every other function is Poisson,
-modulated by a daily sine of peak/trough `swing` with its own random phase.
-Rare functions keep their rare rates, so most have no arrival in an hour.
-
-Speed: poisson, step, spike, diurnal and azure superpose the streams directly
-in time order (no sort), about 2 s for the 10,000-function azure hour; gamma
-and mmpp make each stream and merge them with a stable argsort (about 2-3 s
-per 10 million arrivals).
+"""Request-arrival traces for the cluster simulator: `make_trace(kind, ...)` merges `functions`
+independent request streams over `[0, seconds)` into one time-sorted `Trace`. Pure and
+reproducible (stdlib and numpy only, every draw from `default_rng(seed)`, no clock); only
+the `csv` kind reads a file. The kinds, their options and the Azure-like population
+(Shahrad et al., ATC 2020) are described in docs/design/traces.md.
 """
 
 from __future__ import annotations
@@ -84,15 +40,9 @@ _REQUIRED = object()
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """Merged arrivals of `len(functions)` streams over `[0, duration_s)`.
-
-    `times` (float64, ascending) and `fids` (int32, index into `functions`) are
-    read-only and of equal length. `rates` (float64, one per function) is the
-    mean rate each function was given: `rate` for poisson, gamma and diurnal
-    (the mean over a whole period), the expected mean over the run for step and
-    spike, the stationary mean for mmpp, the drawn long-run mean for azure (a
-    timer's is 1/period), and the observed count / duration for csv.
-    """
+    """Merged arrivals of `len(functions)` streams over `[0, duration_s)`: `times` (ascending)
+    and `fids` (index into `functions`), read-only; `rates`, each function's configured mean
+    rate (per kind: docs/design/traces.md)."""
 
     kind: str
     duration_s: float
@@ -182,11 +132,8 @@ class Trace:
 
 
 def make_trace(kind: str, *, functions: int = 1, seconds: float | None = None, seed: int = 0, **options: Any) -> Trace:
-    """A trace of `kind` (one of TRACE_KINDS); see the module docstring for the options.
-
-    `seconds` None means 600 s for the generators and "to the last timestamp" for csv.
-    Raises ValueError naming the value and what is allowed for an unknown kind or
-    option, an out-of-range value, or a bad csv file."""
+    """A trace of `kind` (one of TRACE_KINDS; options in docs/design/traces.md); ValueError names
+    the bad kind, option, value or csv file and what is allowed."""
     if kind not in _GENERATORS:
         raise ValueError(f"unknown trace kind {kind!r}; allowed: {', '.join(TRACE_KINDS)}")
     defaults, generate = _GENERATORS[kind]
@@ -269,12 +216,9 @@ def _poisson_segments(rng: np.random.Generator, fid: np.ndarray, start: np.ndarr
 
 
 def _superposed(rng: np.random.Generator, edges: list[float], rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Time-sorted arrivals of independent Poisson processes, one per function, whose rate is
-    rates[j, i] on [edges[j], edges[j + 1]) for function i.
-
-    This is the concatenate-and-sort merge done without the sort: in each segment, given each
-    function's Poisson count, the arrival times are iid uniform whatever the function, so the
-    merged times are sorted uniforms (normalized exponential spacings) and the labels a random
+    """Time-sorted arrivals of independent Poisson processes, rate rates[j, i] for function i on
+    [edges[j], edges[j + 1]), merged without a sort: given each function's count in a segment,
+    its times are iid uniform, so the merged times are sorted uniforms and the labels a random
     permutation of the counts."""
     times, fids = [], []
     for j, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):

@@ -1,16 +1,11 @@
-"""Knative's KPA, re-implemented from its sources as a baseline for comparisons (pure).
-
-Written from scratch after reading knative/serving (see docs/research/autoscaling-baselines.md
-section 1 for the versions read):
+"""Knative's KPA, re-implemented from its sources as a pure baseline policy with Shoal's
+interface, `decide(snapshot, spec, state, now) -> (ScaleDecision, state)`; it imports no clock.
+Written from scratch after reading knative/serving (versions in docs/research/autoscaling-baselines.md
+section 1; what it observes and when it decides in docs/design/baselines.md):
 - pkg/autoscaler/scaling/autoscaler.go, (*autoscaler).Scale: the decision step;
 - pkg/autoscaler/aggregation/bucketing.go, TimedFloat64Buckets: the window averages;
 - pkg/autoscaler/config/config.go, defaultConfig: the defaults;
 - pkg/reconciler/autoscaling/kpa/scaler.go, handleScaleToZero: the grace period to zero.
-
-Same interface as Shoal's policy: `decide(snapshot, spec, state, now) -> (ScaleDecision, state)`.
-The observed value is the function's total concurrency (`snapshot.demand`: in replicas plus
-held at the activator), recorded once per call into 1 s buckets; a decision is taken every
-`tick_s` (2 s) as in the multiscaler, between ticks the last one holds. Imports no clock.
 """
 
 from __future__ import annotations

@@ -1,35 +1,18 @@
-"""Ray Serve's default autoscaling policy, re-implemented as a pure Shoal policy.
-
-This module owns a from-scratch re-implementation of
-`replica_queue_length_autoscaling_policy`, the policy Ray Serve runs when a
-deployment sets no custom one, behind Shoal's interface
-`decide(snapshot, spec, state, now, config) -> (ScaleDecision, RayState)`.
-It follows the specification in docs/research/autoscaling-baselines.md section 2,
-which was written from these upstream files (described there, not copied here):
-
-- `python/ray/serve/autoscaling_policy.py`: `replica_queue_length_autoscaling_policy`,
+"""Ray Serve's default policy, `replica_queue_length_autoscaling_policy`, re-implemented from
+scratch as a pure Shoal policy, `decide(snapshot, spec, state, now, config) -> (ScaleDecision,
+RayState)`. It follows docs/research/autoscaling-baselines.md section 2, written from these
+ray-project/ray files (described there, not copied here); docs/design/baselines.md maps Shoal's
+snapshot onto Ray's context and lists what is not modelled. `now` is an argument: it must not
+import asyncio, httpx or time, nor read a clock.
+- python/ray/serve/autoscaling_policy.py: `replica_queue_length_autoscaling_policy`,
   `_apply_scaling_factors`, `_apply_delay_logic`, the wall-clock delays with
-  `_DELAY_ELAPSED_EPS_S` (R1, after PRs #62144/#62331) and the counter-based
-  delays with `_apply_autoscaling_config` before them (R2);
-- `python/ray/serve/config.py`: `AutoscalingConfig` defaults, `get_upscaling_factor` (R5);
-- `python/ray/serve/_private/constants.py`: `DEFAULT_TARGET_ONGOING_REQUESTS` (R6);
-- `python/ray/serve/_private/autoscaling_state.py`: `AutoscalingState.apply_bounds`,
+  `_DELAY_ELAPSED_EPS_S` (R1, after PRs #62144/#62331) and the counter-based delays with
+  `_apply_autoscaling_config` before them (R2);
+- python/ray/serve/config.py: `AutoscalingConfig` defaults, `get_upscaling_factor` (R5);
+- python/ray/serve/_private/constants.py: `DEFAULT_TARGET_ONGOING_REQUESTS` (R6);
+- python/ray/serve/_private/autoscaling_state.py: `AutoscalingState.apply_bounds`,
   `get_total_num_requests` (R7);
-- `python/ray/serve/_private/metrics_utils.py`: `InMemoryMetricsStore.window_average` (R8).
-
-How Shoal's snapshot maps onto Ray's context (doc section 2.2, 2.3):
-
-- `total_num_requests` is the mean of `snapshot.demand` (in replicas plus held at
-  the gateway) over the samples of the last `look_back_period_s`, kept in
-  `RayState` (Ray averages in (now - look_back, now], `window_average`);
-- `running` is `snapshot.ready`; Ray's `target_num_replicas` is
-  `snapshot.ready + snapshot.starting` (Shoal's controller drops a stopped
-  replica from both at once, so this is the last applied decision).
-
-Not modelled: the 10 s metrics push (Shoal's controller hands in a fresh snapshot
-at each call), `target_capacity`, `initial_replicas` and custom policies.
-
-Pure: `now` is an argument. It must not import asyncio, httpx or time, nor read a clock.
+- python/ray/serve/_private/metrics_utils.py: `InMemoryMetricsStore.window_average` (R8).
 """
 
 from __future__ import annotations
