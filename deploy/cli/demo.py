@@ -1,17 +1,12 @@
 """`shoal demo` (`make demo`): the platform story on the embedded default, start to finish.
-
-1. builds the example digits model (scikit-learn's bundled data, to ONNX);
-2. starts `shoal up` on a free loopback port (state in .shoal/demo);
-3. deploys the model as a function that scales to zero;
-4. sends the first request while nothing runs: the gateway holds it, a replica
-   forks from the zygote, loads, answers; the cold start is shown by phase;
-5. calls it the other ways (tritonclient with binary tensors, KServe V1);
-6. sends a burst: the controller scales out on a slice per replica;
-7. goes idle: the function scales back to zero;
-8. restarts the control plane: the function is still there and serves;
-9. load-tests it with Locust: a spike into the function at zero, and writes
-   the report (latency against the SLO, replicas and decisions, cold starts,
-   cost against a static peak allocation) to .shoal/demo/report/.
+It builds the digits model (scikit-learn's bundled data, to ONNX), starts `shoal up` on a free
+loopback port (state in .shoal/demo) and deploys the model to scale to zero. It then shows a
+first request's cold start by phase (held at the gateway, a replica forked from the zygote),
+calls the function with tritonclient's binary tensors and KServe V1, scales it out on a burst
+(a slice per replica) and back to zero when idle, restarts the control plane (the function is
+still there and serves), and ends with a Locust spike into the function at zero, whose report
+(latency against the SLO, replicas and decisions, cold starts, cost against a static peak
+allocation) goes to .shoal/demo/report/.
 """
 
 from __future__ import annotations

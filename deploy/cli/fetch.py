@@ -1,9 +1,8 @@
-"""`shoal fetch URL --sha256 HEX --out PATH`: download a model artifact and check it (a replica
-pod's init container, for artifacts kept in an object store).
-
-The file is streamed to `PATH.part`, hashed as it arrives, and renamed to PATH only when its
-SHA-256 is the one given: a truncated or altered download never becomes a model. An existing
-PATH with the right digest is kept (nothing downloaded twice).
+"""`shoal fetch URL --sha256 HEX --out PATH`: download a model artifact and check its digest.
+A replica pod's init container, for artifacts in an object store: the file streams to
+`PATH.part`, hashed as it arrives, and becomes PATH only when its SHA-256 matches, so a
+truncated or altered download never becomes a model; a PATH already there with that digest
+is kept.
 """
 
 from __future__ import annotations

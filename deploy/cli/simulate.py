@@ -1,11 +1,9 @@
-"""`shoal simulate`: every policy on the same trace, in the cluster simulator.
+"""`shoal simulate`: every policy on the same trace, in the cluster simulator. Prints one line per
+policy and writes the JSON `{"policies": {...}, "trace": {...}, "cluster": {...}}`. The GPUs and
+latency profiles are simulated: nothing it prints is a GPU measurement.
 
     shoal simulate --trace gamma --cv 4 --policy shoal,kpa,ray,static,oracle \\
         --gpus 8 --functions 20 --seconds 600 --seed 1 --json out.json
-
-Prints one line per policy and writes the JSON `{"policies": {...}, "trace": {...},
-"cluster": {...}}`. The GPUs and latency profiles are simulated: nothing it prints
-is a GPU measurement.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The control API on a cluster: the same `/api/v1` as `shoal up` (deploy/api.py), so `shoal deploy`,
-`shoal ls`, `shoal rm` and the SDK work unchanged against a cluster.
-
-The controller serves it. The gateway forwards `/api/` to it, so a client needs only the
-gateway's URL. On the cluster:
-- functions are ConfigMaps (`ConfigMapRegistry`: the spec as JSON and its revision, written by
-  the API and read by the controller and the gateways);
-- artifacts are files in the artifacts PVC, in the artifact store's own layout (the replicas
-  mount it read-only);
-- events are the controller's own, kept in memory.
-
-`ClusterPlane` is the object `create_api()` drives, as `ControlPlane` is in `shoal up`.
+"""The control API on a cluster: `ClusterPlane` is what deploy/api.py's `create_api()` drives, as
+`ControlPlane` is in `shoal up`, so `shoal deploy`, `ls`, `rm` and the SDK work unchanged through
+the gateway, which forwards `/api/` to the controller. Functions are ConfigMaps
+(`ConfigMapRegistry`: the spec as JSON and its revision, read by the controller and the
+gateways), artifacts are files in the artifacts PVC in the artifact store's layout (mounted
+read-only by the replicas), and events are the controller's own, kept in memory.
 """
 
 from __future__ import annotations

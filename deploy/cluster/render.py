@@ -1,17 +1,12 @@
 """`shoal k8s render`: Shoal on a Kubernetes cluster as manifests, for one GPU sharing mode.
+With `--function-spec` (repeatable) or `--example`, each function's Deployment and Service or its
+KServe InferenceService too. One file per object (listed in docs/kubernetes.md), `all.yaml` and
+`grafana/shoal.json`, or one YAML stream on stdout without `--out`. A slice the mode cannot
+express is an error that names the slices it can (exit 2).
 
     shoal k8s render --mode hami --gpu A100-80GB --out deploy/rendered/hami
     shoal k8s render --mode mig --function-spec digits.json --artifact-source oci --kind inferenceservice
     shoal k8s helm --out deploy/cluster/manifests/helm/shoal
-
-Writes the namespace, RBAC, the gateway and controller Deployments and Services,
-NetworkPolicies, PodDisruptionBudgets, ServiceMonitors, the PrometheusRule, the Grafana
-dashboard and (timeslice, mps) the device plugin's sharing config; with `--function-spec`
-(a function spec as JSON or YAML, repeatable) or `--example`, each function's Deployment and
-Service, or its KServe InferenceService. One file per object, `all.yaml` with every one,
-and `grafana/shoal.json`; without `--out`, all of it as one YAML stream on stdout.
-
-A slice the mode cannot express is an error that names the slices it can (exit 2).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What this machine has: GPUs found with NVML (nvidia-ml-py), and its memory.
-
-No NVIDIA driver (as on these development machines) is not an error: the list
-of GPUs is empty and the inventory falls back to the CPU.
+"""What this machine has: GPUs found with NVML (nvidia-ml-py), and its memory. No NVIDIA driver
+(as on these development machines) is not an error: no GPUs, and the inventory falls back to the CPU.
 """
 
 from __future__ import annotations

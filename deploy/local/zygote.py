@@ -1,19 +1,11 @@
-"""The zygote: imports the replica runtime once, then forks a replica per request.
-
-    python -m deploy.local.zygote      (started by the local backend, never by hand)
-
-Protocol, one JSON object per line: the control plane writes
-`{"op": "spawn", "id": ..., "argv": [...], "env": {...}, "log": PATH}` or
-`{"op": "signal", "pid": N, "signal": 15}` on stdin; the zygote answers
-`{"op": "spawned", "id": ..., "pid": N}` and, when a replica exits,
-`{"op": "exited", "pid": N, "code": C}` on stdout.
-
-No orphans: the zygote asks the kernel to kill it when the control plane dies
-(PR_SET_PDEATHSIG), and each replica asks the same of the zygote, so a
-`kill -9` of the control plane takes every replica with it.
-
-Forking needs a single-threaded parent: the zygote imports modules but starts
-no thread pools (OPENBLAS/OMP threads are set to 1 before numpy loads).
+"""The zygote (`python -m deploy.local.zygote`, started by the local backend): imports the replica
+runtime once, then forks a replica per request, which starts with the runtime already imported.
+Forking needs a single-threaded parent, so it starts no thread pools (OPENBLAS/OMP threads are
+set to 1 before numpy loads). PR_SET_PDEATHSIG ties the zygote to the control plane and each
+replica to the zygote, so a `kill -9` of the control plane leaves no orphan. One JSON object a
+line: on stdin `{"op": "spawn", "id": ..., "argv": [...], "env": {...}, "log": PATH}` or
+`{"op": "signal", "pid": N, "signal": 15}`; on stdout `{"op": "spawned", "id": ..., "pid": N}`
+and, when a replica exits, `{"op": "exited", "pid": N, "code": C}`.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """A function's slice in each GPU sharing mode of a Kubernetes cluster (pure: no I/O, no clock).
-
-`gpu_request(mode, gpu, slice_)` turns a `SliceRequest` ("1/4", or "1/4:8192" with a
-memory budget) into what a pod asks for in that mode: extended resources, pod
-annotations, a node selector, a scheduler name. A slice that a mode cannot express
-exactly is a `ManifestError` naming the slices it can express: Shoal never rounds a
-slice into a different one behind the user's back.
-
-    hami       HAMi: nvidia.com/gpu 1, nvidia.com/gpumem (MiB), nvidia.com/gpucores (% of SMs),
-               hami.io/gpu-scheduler-policy binpack|spread, schedulerName hami-scheduler.
-               Isolates: memory (hard limit, HAMi-core) and compute (a throttle on kernel
-               launches). Not: anything that bypasses libcuda, CUDA graphs' launches, L2 and
-               memory bandwidth, faults.
-    timeslice  NVIDIA device plugin time-slicing: each GPU advertised `ways` times as
-               nvidia.com/gpu; a slice must be 1/ways. Isolates nothing: no memory limit,
-               one fault domain, turns by time.
-    mps        NVIDIA device plugin MPS: each GPU shared by `ways` clients; a slice must be 1/ways.
-               Isolates: memory (an equal share per client) and compute (an active-thread
-               share). Not: faults (one MPS server per GPU).
-    mig        MIG, mixed strategy: nvidia.com/mig-<g>g.<mem>gb; a slice must be g/7 of a
-               profile the GPU has. Isolates: SMs, memory, L2, memory bandwidth, faults (hardware).
-    vgpu       NVIDIA vGPU under a hypervisor (VMware): a VM sees one GPU of the profile's
-               framebuffer; the pod asks nvidia.com/gpu 1 on nodes labelled with the profile.
-               Isolates: memory (framebuffer) and faults per VM; compute is time-sliced by
-               the hypervisor.
-
-Sources: Project-HAMi/HAMi charts/hami/values.yaml and docs/config.md; NVIDIA/k8s-device-plugin
-README ("Shared Access to GPUs"); NVIDIA MIG user guide, supported profiles; NVIDIA AI
-Enterprise vGPU type tables (framebuffer in GB, series Q/B/A/C); GPU Feature Discovery labels.
+`gpu_request(sharing, slice_)` turns a `SliceRequest` ("1/4", or "1/4:8192" with a memory
+budget) into what a pod asks for in the cluster's mode (hami, timeslice, mps, mig, vgpu):
+extended resources, pod annotations, a node selector, a scheduler name. A slice that a mode
+cannot express exactly is a `ManifestError` naming the slices it can express: Shoal never
+rounds a slice into a different one behind the user's back. What each mode asks for and
+isolates, with the sources, is in docs/kubernetes.md.
 """
 
 from __future__ import annotations

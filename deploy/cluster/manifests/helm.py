@@ -1,13 +1,8 @@
-"""The Helm chart of Shoal's control plane, made from the same renderer as `shoal k8s render`.
-
-`chart()` returns the chart's files: Chart.yaml, values.yaml and one template per object. The
-templates are the rendered objects with the values put back where they came from (namespace,
-image, Prometheus URL, replica counts, GPU sharing mode and model, shares per GPU), and the
-device plugin's sharing config only for the modes that use it. A test renders the chart with Go's
-text/template (the engine Helm uses) for every mode and compares it with `render_control_plane`.
-
-The templates use only Go's built-in template actions (no Sprig functions), and the braces that
-belong to Prometheus and Grafana (`{{ $labels.function }}`, `{{function}}`) are escaped.
+"""The Helm chart of Shoal's control plane, made from the same renderer as `shoal k8s render`:
+`chart()` returns the rendered objects as templates with the values put back where they came
+from. The templates use only Go's built-in actions (no Sprig), and the braces that belong to
+Prometheus and Grafana are escaped; a test renders the chart with Go's text/template for every
+mode and compares it with `render_control_plane`.
 """
 
 from __future__ import annotations

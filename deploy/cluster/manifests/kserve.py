@@ -1,10 +1,7 @@
-"""A function as a KServe InferenceService whose predictor is Shoal's replica runtime, built with
-the kserve SDK's own models (V1beta1InferenceService and friends).
-
-RawDeployment mode (a plain Deployment, no Knative) with `autoscalerClass: none`: KServe
-creates no HPA, and Shoal's controller scales the predictor Deployment (`NAME-predictor`)
-through its scale subresource. The predictor pod is the same as `render_function`'s: the
-same container, volumes, GPU request and security context.
+"""A function as a KServe InferenceService (built with the kserve SDK's models) whose predictor
+is Shoal's replica runtime, in RawDeployment mode with `autoscalerClass: none`: KServe creates
+no HPA, and Shoal's controller scales the predictor Deployment (`NAME-predictor`) through its
+scale subresource. The predictor pod is `render_function`'s pod.
 """
 
 from __future__ import annotations

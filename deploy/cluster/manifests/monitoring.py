@@ -1,17 +1,7 @@
-"""Prometheus Operator objects and a Grafana dashboard for Shoal (pure).
-
-- ServiceMonitors for the gateway, the controller and every function replica (`/metrics`).
-- A PrometheusRule:
-  - multiwindow burn-rate alerts on the latency SLO (requests slower than the SLO bucket, against
-    95 %: the SLO is a p95) and on availability (non-2xx answers, against 99.9 %), as in the Google SRE
-    workbook's "Alerting on SLOs" (fast burn 14.4x over 1 h and 5 m, slow burn 6x over 6 h and 30 m);
-  - cold-start storms (many requests held for replicas to start);
-  - a backlog at the activator.
-- A Grafana dashboard (a ConfigMap with the `grafana_dashboard` label that Grafana's sidecar
-  loads): request rate, p95 against the SLO, replicas by state, duty cycle per replica, cold
-  starts by phase, activator queue.
-
-Metric names are the ones Shoal exports (DESIGN.md section 5).
+"""Prometheus Operator objects and a Grafana dashboard for Shoal (pure): ServiceMonitors, a
+PrometheusRule (SLO burn-rate alerts, cold-start storms, activator backlog) and the dashboard
+ConfigMap, on the metric names Shoal exports (DESIGN.md section 5). What each holds is listed
+in docs/kubernetes.md, "Monitoring".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Shoal on Kubernetes as manifests (pure: plain dicts in, plain dicts out; no client, no I/O).
-
-`render_control_plane(cluster)` is everything `shoal k8s render` writes for the platform
-itself; `render_function(cluster, spec, artifact)` is what the Kubernetes backend creates
-for one function (a Deployment at zero replicas, scaled by the controller through the scale
-subresource, and a Service). Every pod runs as non-root with a read-only root filesystem,
-all capabilities dropped, the RuntimeDefault seccomp profile, requests and limits set and
-probes on the V2 health endpoints, so the namespace can enforce the `restricted` Pod
-Security Standard.
-
-The roles are one image: `shoal gateway` (stateless, several replicas), `shoal controller`
-(several replicas, one active: it holds the `shoal-controller` Lease) and `shoal replica`
-(one per function replica, on its GPU slice; see gpus.py for the slice in each mode).
+`render_control_plane(cluster)` is everything `shoal k8s render` writes for the platform;
+`render_function(cluster, spec, artifact)` is what the Kubernetes backend creates for one
+function. One image runs every role (`shoal gateway`, `shoal controller`, which holds the
+`shoal-controller` Lease, and `shoal replica` on its GPU slice, see gpus.py), and every pod
+meets the `restricted` Pod Security Standard (non-root, read-only root filesystem, no
+capabilities, RuntimeDefault seccomp, requests and limits, probes on the V2 health endpoints).
 """
 
 from __future__ import annotations
@@ -33,13 +27,10 @@ ARTIFACT_SOURCES = ("pvc", "url", "oci")
 
 @dataclass(frozen=True)
 class Artifact:
-    """Where a replica's model file comes from.
-
-    pvc: `path` inside the artifacts PVC (mounted read-only, nothing downloaded);
-    url: fetched by an init container and checked against `sha256`;
-    oci: `path` inside the OCI image `ref`, copied by an init container that runs that image:
-         the kubelet's image cache is the node-local cache, so a node pulls a model once.
-    """
+    """Where a replica's model file comes from: `pvc` (`path` in the artifacts PVC, mounted read-only),
+    `url` (fetched by an init container and checked against `sha256`) or `oci` (`path` inside the
+    image `ref`, copied out by an init container that runs it: the kubelet's image cache is the
+    node-local cache, so a node pulls a model once)."""
 
     source: str
     path: str
