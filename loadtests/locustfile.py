@@ -1,31 +1,12 @@
-"""Locust users for Shoal's V2 endpoints; also runs with the plain `locust` CLI.
+"""Locust users for Shoal's V2 endpoints, following one of loadtests/scenarios.py's schedules:
+open loop by default (one `ArrivalUser` sends each request at its scheduled time, so overload
+shows as latency and errors, and a request not sent or never answered is recorded as a failure,
+never dropped), or closed loop with `--shoal-users U`. `shoal loadtest` runs this file in a
+Locust process of its own; it also runs with the plain `locust` CLI. Options and the request
+log: docs/loadtests.md.
 
     locust -f loadtests/locustfile.py --headless --host http://127.0.0.1:8080 \\
         --shoal-function digits --shoal-scenario spike --shoal-rate 40 --shoal-duration 60
-
-`shoal loadtest` runs exactly this file in a Locust process of its own (gevent
-must not share a process with the asyncio server or with urllib3 imported
-first; ../shared/PACKAGES.md).
-
-Two ways to send load, both following one of loadtests/scenarios.py's schedules:
-
-- open loop (the default): one `ArrivalUser` sends each request at its
-  scheduled time from a bounded pool of greenlets, whether or not earlier ones
-  have come back, so overload shows as latency and errors instead of a slower
-  client. An arrival that finds `--shoal-max-inflight` requests already
-  outstanding is recorded as a failure (`client: not sent, ...`), never dropped
-  silently; requests still unanswered `--shoal-drain-s` after the last arrival
-  are recorded as failures too (`client: gave up, ...`).
-- closed loop (`--shoal-users U`): up to U `InferenceUser`s, each sending its
-  next request when the last one returned, their number following the
-  scenario's rate curve (the `ScenarioShape`).
-
-The body is the model's own input tensors (from its V2 metadata, or
-`--shoal-inputs FILE` so that fetching metadata does not wake a function at
-zero), encoded once as JSON or binary (`--shoal-encoding`). With
-`--shoal-log FILE` every request is written as one CSV row: send time, the
-scheduled time, latency, status, function, error and the `Shoal-Cold-Start`
-header, which the report is made from.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """`shoal loadtest SCENARIO --function N`: a Locust run against Shoal, the control plane watched beside it, a report.
+It runs Locust in its own process, samples the control plane's status every second, then
+writes the report from the request log, the samples and the control plane's events and
+counters; it talks to Shoal only over HTTP. How a run goes: docs/loadtests.md.
 
     shoal loadtest spike --function digits --rate 40 --duration 60 --out reports/spike
     shoal loadtest spike --function digits --out reports/b --compare reports/spike
-
-1. Reads each function's spec (SLO, slice) from the control API and its model
-   metadata from the gateway (kept in `inputs.json`, so Locust does not fetch
-   it again); with `--from-zero` waits until the function has no replica.
-2. Starts Locust headless in a process of its own (loadtests/locustfile.py)
-   with the scenario's open-loop schedule (or `--users U` for a closed loop).
-3. While it runs, samples `/api/v1/status` every second (replicas desired,
-   ready and starting, each replica's slice, device and duty cycle, the
-   activator queue) and prints progress: elapsed, RPS, p95, replicas.
-4. Then reads the control plane's events (scale decisions and their reasons,
-   replica starts) and the gateway's counters, and writes into `--out`:
-   report.html (self-contained), summary.json, timeseries.json, the charts as
-   PNG files, Locust's CSVs, requests.csv, samples.jsonl and events.json.
-
-Talks to Shoal only over HTTP (the control API with the token of `shoal up`).
-`--target URL` runs the same scenario against another V2 server (a peer with
-no control plane: no replicas or costs are sampled).
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
-"""Load-test scenarios as open-loop arrival schedules (pure: numpy and the trace generators).
-
-`make_schedule(scenario, functions=[...], duration_s=..., rate=..., seed=...)`
-gives every request's send time (seconds from the start) and the function it
-goes to, fixed before the run: an open loop, so an overloaded server cannot
-slow the offered load down and hide its own overload the way a closed loop of
-users would. The report sets the offered rate (this schedule) beside the
-achieved one.
-
-`rate` is the peak offered rate in requests per second (the mean for steady
-and gamma); the same seed gives the same schedule, so two runs to compare
-offer exactly the same requests.
-
-    steady      Poisson at `rate`
-    step        `rate / step_x` for the first half, then `rate`
-    spike       `base_rate` (default rate / 10; 0 = a spike into a function at zero),
-                then `rate` for `spike_s` (default duration / 4) from `spike_at_s` (default duration / 4)
-    diurnal     one compressed day from the trough: a sine of peak/trough `swing` (default 4), peak `rate` at mid-run
-    gamma       a renewal process with Gamma gaps of coefficient of variation `cv` (default 2)
-    zero-cycle  a burst at `rate` for `burst_s`, nothing for `idle_s` (set it past the
-                function's idle_to_zero_s), the same burst again: scale to zero and back
-    longtail    several functions, Zipf popularity of exponent `zipf_s` (default 1.1): `rate` in total
-    csv         replay `path`: `timestamp` or `timestamp,function` rows
-
-Arrivals of every scenario but csv are Poisson or Gamma streams from
-`autoscaler.traces`, the generators the cluster simulator uses.
+"""Load-test scenarios as open-loop arrival schedules (pure: numpy and autoscaler.traces).
+`make_schedule(scenario, ...)` fixes every request's send time and function before the run, so
+an overloaded server cannot slow the offered load down and hide its own overload as a closed
+loop of users would, and a seed gives the same schedule, so two runs to compare offer the same
+requests. The scenarios and their options are in docs/loadtests.md.
 """
 
 from __future__ import annotations

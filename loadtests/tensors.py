@@ -1,11 +1,8 @@
-"""V2 inference request bodies for a model, built from its metadata (`GET /v2/models/{name}`).
-
-A load test sends tensors of the shape and datatype the model declares: `-1`
-dimensions become `batch`, values are random but fixed by the seed, and the
-body is encoded once, before the run, as JSON or with the binary tensor
-extension (a JSON header, then the raw little-endian bytes; its length in the
-`Inference-Header-Content-Length` header). Client side only: the server's codec
-lives in serving/ and is not imported here.
+"""V2 inference request bodies for a model, built from its metadata (`GET /v2/models/{name}`):
+tensors of the declared shapes and datatypes (`-1` dimensions become `batch`, values random but
+fixed by the seed), encoded once as JSON or with the binary tensor extension (a JSON header,
+then the raw little-endian bytes; its length in the `Inference-Header-Content-Length` header).
+Client side only: the server's codec lives in serving/ and is not imported here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Benchmark: what the gateway adds, and how fast a function comes back from zero.
+Against a real `shoal up` on loopback (control plane on one core, load client on the other), in
+one run: p50/p99 at a fixed open-loop rate through the gateway and directly to the replica, and
+the time from a request sent at zero replicas to its response, with the gateway's per-phase
+breakdown; with a Ray Serve venv (`make ray-venv`), the same two for Ray Serve. Talks to Shoal
+only over HTTP. Method and results: docs/benchmarks.md.
 
     python -m loadtests.bench.gateway [--rate 200] [--seconds 5] [--rounds 3] [--colds 10] [--ray-venv .venv-ray]
-
-In one run, against a real `shoal up` on loopback (control plane pinned to one
-core, the load client to the other):
-- p50/p99 latency at a fixed open-loop rate through the gateway and directly to
-  the replica behind it, phases alternating; the difference is what the gateway adds;
-- scale-from-zero: time from a request sent while the function has no replica to
-  its response, repeated, with the gateway's own per-phase breakdown;
-- when a Ray Serve venv is given (`make ray-venv`), the same two figures for Ray
-  Serve in the same run (autoscaling from 0 replicas, its proxy on 127.0.0.1).
-Talks to Shoal only over HTTP (its control API and gateway).
 """
 
 from __future__ import annotations

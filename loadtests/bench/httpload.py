@@ -1,13 +1,11 @@
-"""A lean HTTP/1.1 keep-alive load client for benchmarks (loopback only, bounded).
+"""A lean HTTP/1.1 keep-alive load client for benchmarks (loopback only, bounded): one
+pre-encoded request over N persistent connections, closed loop (or open loop with `--rate`),
+for a count or a time, recording each latency. It runs in its own process, pinned to its own
+core by the caller, so that its cost stays out of the server's way and is the same for every
+server measured. Prints `{"latencies_s": [...], "errors": n, "statuses": {...}, "seconds": s}`.
 
-It sends one pre-encoded request over N persistent connections, closed-loop,
-for a bounded count or time, and records each latency. It runs in its own
-process (pinned to its own core by the caller) so that client cost stays out of
-the server's way and is the same for every server measured.
-
-    python -m loadtests.bench.httpload --port P --path /v2/models/m/infer --body-file F \
+    python -m loadtests.bench.httpload --port P --path /v2/models/m/infer --body-file F \\
         --connections 32 --seconds 5 [--requests N]
-prints a JSON object: {"latencies_s": [...], "errors": n, "statuses": {...}, "seconds": s}
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""Benchmark: the same ONNX model behind Shoal's replica and behind KServe's ModelServer,
-side by side in one run.
+"""Benchmark: the same ONNX model behind Shoal's replica and behind KServe's ModelServer.
+In one run, over HTTP on loopback, server and load client on cores of their own, phases
+alternating over rounds so a shared machine's drift hits both alike: p50/p99 latency at low
+load, throughput at saturation, start-to-ready and RSS after the load; it prints the ratios and
+the issue's targets. Method and results: docs/benchmarks.md.
 
     python -m loadtests.bench.replica [--rounds 3] [--seconds 4] [--json OUT]
-
-Measures, for each server, on loopback with the server pinned to one core and the
-load client to another:
-- p50/p99 latency at low load (one connection, sequential requests);
-- throughput at saturation (32 concurrent connections, closed loop);
-- start-to-ready (process start until /v2/health/ready answers 200), median of 5;
-- RSS after the load.
-Phases alternate between the servers over several rounds, so drift on a shared
-machine hits both alike. Prints ratios and the issue's targets. Talks to both
-servers only over HTTP.
 """
 
 from __future__ import annotations

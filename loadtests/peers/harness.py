@@ -1,13 +1,9 @@
-"""Peers for `shoal loadtest --peer`: the same ONNX model served by another system on loopback.
-
-- `kserve`: KServe's ModelServer with one static replica (loadtests/peers/kserve_onnx.py, in
-  this venv). It is a process that is always up: one replica for the whole run.
-- `ray`: Ray Serve with autoscaling from zero (loadtests/peers/ray_serve_app.py) in the venv of
-  `make ray-venv` (Ray Serve wants protobuf 7, which KServe cannot take). Its replica count is
-  read from the status file the app keeps.
-
-`start(kind, model, name)` returns a running `Peer`, or raises `PeerUnavailable` saying what is
-missing; `Peer.sample()` is what the runner records once a second in place of Shoal's status.
+"""Peers for `shoal loadtest --peer`: the same ONNX model served by another system on loopback,
+`kserve` (KServe's ModelServer, one static replica, kserve_onnx.py in this venv) or `ray` (Ray
+Serve autoscaling from zero, ray_serve_app.py in the venv of `make ray-venv`, since Ray Serve
+wants protobuf 7, which KServe cannot take; its replica count is read from the status file the
+app keeps). `start(kind, model, name)` returns a running `Peer`, or raises `PeerUnavailable`
+saying what is missing; `Peer.sample()` stands in for Shoal's status in the runner's samples.
 """
 
 from __future__ import annotations

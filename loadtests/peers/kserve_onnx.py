@@ -1,11 +1,9 @@
-"""Peer for benchmarks: an ONNX model behind KServe's own ModelServer, written the way a
-KServe user writes a custom predictor (a kserve.Model that wraps onnxruntime).
+"""Peer for benchmarks: an ONNX model behind KServe's own ModelServer, written the way a KServe
+user writes a custom predictor (a kserve.Model that wraps onnxruntime). KServe's REST server
+binds 0.0.0.0 unconditionally (../shared/PACKAGES.md), so this narrows its uvicorn config to
+127.0.0.1 and turns gRPC off; nothing else of KServe is changed.
 
     python -m loadtests.peers.kserve_onnx MODEL.onnx --name digits --http_port 8085
-
-KServe's REST server binds 0.0.0.0 unconditionally (../shared/PACKAGES.md); this
-wrapper narrows its uvicorn config to 127.0.0.1 so the benchmark stays on
-loopback, and turns gRPC off. Nothing else of KServe is changed.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Peer for benchmarks: the digits ONNX model on Ray Serve, autoscaling from zero.
-
-Run with the Python of a separate venv that has ray[serve] and onnxruntime
-(`make ray-venv`; Ray Serve 2.60 wants protobuf 7, which KServe cannot take):
+"""Peer for benchmarks: the digits ONNX model on Ray Serve, autoscaling from zero with Ray's default
+policy (target 2 ongoing requests, upscale from zero at once), except that the delays before
+scaling down are 2 s instead of 600 s, so repeated cold starts fit in a bounded time. It runs in
+the venv of `make ray-venv` (Ray Serve 2.60 wants protobuf 7, which KServe cannot take), its
+proxy on 127.0.0.1, and prints `ray serve ready STATUS_FILE PORT` once serving; STATUS_FILE
+holds the number of running replicas, refreshed every 0.1 s. `--route /v2/models/digits/infer`
+puts it where a V2 client posts (shoal loadtest --peer ray).
 
     .venv-ray/bin/python loadtests/peers/ray_serve_app.py MODEL.onnx [--route /digits] [--max-replicas 1]
-
-`--route /v2/models/digits/infer` puts it where a V2 client posts (shoal loadtest --peer ray).
-Prints `ray serve ready STATUS_FILE PORT` once serving; STATUS_FILE holds the number
-of running replicas, refreshed every 0.1 s. The Serve proxy listens on 127.0.0.1.
-Autoscaling is Ray's default policy (target 2 ongoing requests, upscale from zero at
-once), except that the delays before scaling down are 2 s instead of 600 s, so the
-benchmark can measure repeated cold starts in a bounded time.
 """
 
 import argparse
