@@ -1,13 +1,8 @@
-"""The content-addressed artifact store.
-
-An artifact is stored once under its SHA-256, at
-`ROOT/sha256/<first two hex>/<hex>/<file name>`, so a restart or a second deploy
-of the same bytes never stores or downloads twice, and loaders still see the
-file's suffix. A reference is `sha256:<hex>/<file name>`.
-
-Writes go to a temporary file inside the store, are hashed and size-checked as
-they stream, and are renamed into place: nothing is ever written outside ROOT,
-and a file name is a bare name (no folders, no `..`).
+"""The content-addressed artifact store: an artifact is stored once under its SHA-256, at
+`ROOT/sha256/<first two hex>/<hex>/<file name>` (referenced as `sha256:<hex>/<file name>`), so
+the same bytes are never stored or downloaded twice and loaders still see the file's suffix.
+Writes stream into a temporary file inside the store, hashed and size-checked, and are renamed
+into place: nothing is written outside ROOT, and a file name is a bare name (no folders, no `..`).
 """
 
 from __future__ import annotations

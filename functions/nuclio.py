@@ -1,8 +1,6 @@
-"""Nuclio artifacts in and out: a `.py` handler, a notebook (via nuclio-jupyter), a
-`function.yaml`; and `shoal export` writing a Nuclio function.yaml back.
-
-nuclio-jupyter turns a notebook into handler code (`# nuclio: ignore` cells are
-skipped, `%nuclio` magics become config). Its import pulls `requests`, so it is
+"""Nuclio artifacts in (a `.py` handler, a notebook, a `function.yaml`) and out (`shoal export`
+writes a Nuclio function.yaml). nuclio-jupyter turns a notebook into handler code (`# nuclio:
+ignore` cells skipped, `%nuclio` magics as config); its import pulls `requests`, so it is
 imported only when a notebook is converted.
 """
 

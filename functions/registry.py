@@ -1,8 +1,6 @@
-"""The SQLite registry: functions, their revisions, artifacts, and events.
-
-It survives restarts: after `shoal up` again every function is back (scaled to
-zero) with no re-deploy. Every write is one transaction. Times are passed in
-(`now`), never read here.
+"""The SQLite registry of functions, their revisions, artifacts and events. It survives restarts
+(after `shoal up` again every function is back, scaled to zero, with no re-deploy); every write
+is one transaction, and times are passed in (`now`), never read here.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""A cheap look at an artifact's bytes: is it what its file name says it is?
-
-The control API runs this when an artifact is uploaded and again when a function is
-deployed (deploy/api.py), so a bad artifact is a 400 with a message that says what
-is wrong, not a replica that fails to load over and over later. Each check reads a
-bounded amount of the file, whatever its size:
-
-- `.onnx`: the protobuf wire format of an onnx.ModelProto, walked field by field
-  without reading the contents of length-delimited fields (a 1 GiB model costs a few
-  hundred small reads); `ir_version` and `graph` must be there, and the graph's first
-  fields are walked the same way. onnx.load() would read the whole file into memory.
-- `.pt` `.pth` `.torchscript`: the zip archive torch.jit.save writes, judged by its
-  central directory alone, never decompressed: the declared uncompressed total and
-  its ratio to the file's size (a zip bomb), the number of members, member names
-  (absolute, drive letters, '..', NUL), and a `constants.pkl` (which a torch.save
-  checkpoint lacks).
-- `.ipynb`: JSON with `cells` and `nbformat`; `.py`: UTF-8 Python that parses (no code
-  runs); `.yaml` `.yml`: a mapping with `kind: profile`. These are small by nature and
-  are refused past a size limit before they are read.
-- pickles (`.pkl` `.pickle` `.joblib`) are never opened here: unpickling runs code,
-  and whether to trust one is decided from the spec, not the bytes.
-
-Errors are ArtifactError (a SpecError, so the API answers 400 with `{"error": ...}`).
-This module imports nothing from serving, autoscaler or deploy (functions is the
-bottom layer); the replica's TorchScript loader uses `check_kind` before torch opens a file.
+"""A cheap look at an artifact's bytes: is it what its file name says it is? The control API runs
+it at upload and at deploy, so a bad artifact is a 400 saying what is wrong rather than a
+replica that fails to load later; each check reads a bounded amount of the file whatever its
+size, and pickles are never opened (what each kind must look like: docs/reliability.md,
+"Hostile artifacts"). Errors are ArtifactError, a SpecError (400). It imports nothing from
+serving, autoscaler or deploy (functions is the bottom layer).
 """
 
 from __future__ import annotations

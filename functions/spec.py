@@ -1,9 +1,7 @@
-"""What a function is: frozen specs with every default in one place, validated.
-
-This module owns the defaults (batching, slices, scaling) and their validation.
-It imports nothing from serving, autoscaler or deploy, and does no I/O.
-Messages name the value that was wrong and what would be right, e.g.
-"max_replicas (2) must be >= min_replicas (3)".
+"""What a function is: frozen specs with every default in one place (batching, slices, scaling),
+validated, with messages that name the value that was wrong and what would be right, e.g.
+"max_replicas (2) must be >= min_replicas (3)". It does no I/O and imports nothing from
+serving, autoscaler or deploy.
 """
 
 from __future__ import annotations
@@ -34,20 +32,13 @@ def validate_name(name: str, what: str = "function name") -> str:
 
 @dataclass(frozen=True, slots=True)
 class BatchingSpec:
-    """Dynamic batching, as Triton's dynamic_batcher.
+    """Dynamic batching, as Triton's dynamic_batcher, and opt-in as there: only the user knows
+    that a model's first dimension is a batch dimension (a softmax over a free one is not)."""
 
-    max_batch_size: rows per batch; 1 (the default) disables batching. As in Triton,
-        batching is opt-in: only the user knows that the first dimension of a
-        model is a batch dimension (a softmax over a free first dimension is not).
-    max_queue_delay_ms: how long the oldest request may wait for a fuller batch.
-    preferred_batch_sizes: sizes that run as soon as they are reached.
-    max_queue_requests: requests waiting in the replica before it answers 503.
-    """
-
-    max_batch_size: int = 1
-    max_queue_delay_ms: float = 0.0
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_requests: int = 1024
+    max_batch_size: int = 1  # rows per batch; 1 disables batching
+    max_queue_delay_ms: float = 0.0  # how long the oldest request may wait for a fuller batch
+    preferred_batch_sizes: tuple[int, ...] = ()  # sizes that run as soon as they are reached
+    max_queue_requests: int = 1024  # requests waiting in the replica before it answers 503
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
