@@ -1,11 +1,8 @@
-"""The asyncio loop that drives the pure batch planner (serving/batching.py).
-
-Requests wait in one FIFO. The loop looks at the run of requests at its head
-that can share a batch (same signature: input names, datatypes, non-batch
-dimensions), asks the planner, and either executes a batch or sleeps until the
-planner's wake time or the next arrival. Batches execute one at a time (a slice
-is one stream of work); while one runs, the next fills, which is where batching
-pays under load. Each request gets its own future, resolved with its own rows.
+"""The asyncio loop that drives the pure batch planner (serving/batching.py). Requests wait in one
+FIFO; the loop asks the planner about the run of requests at its head that can share a batch,
+then executes a batch or sleeps until the planner's wake time or the next arrival. Batches run
+one at a time (a slice is one stream of work), and while one runs the next fills, which is where
+batching pays under load. Each request's future resolves with its own rows.
 """
 
 from __future__ import annotations

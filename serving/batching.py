@@ -1,19 +1,7 @@
-"""The dynamic batch planner, a pure function of the queue and `now` (like Triton's dynamic batcher).
-
-Given the row counts of the requests at the head of the queue that can share a
-batch (same inputs, datatypes and non-batch dimensions), it says how many to run
-now, or when to look again:
-
-1. the head request alone fills a batch (rows >= max_batch_size): run it alone;
-2. the requests that fit make a full batch, or more requests wait behind them:
-   run those that fit;
-3. the rows that fit are a preferred batch size: run them now;
-4. the oldest request has waited max_queue_delay: run what fits;
-5. otherwise wait until the oldest request's delay runs out (a new arrival
-   wakes the planner earlier).
-
-Imports no asyncio and reads no clock: the asyncio loop that drives it is in
-serving/batch_loop.py.
+"""The dynamic batch planner, a pure function of the queue and `now` (like Triton's dynamic
+batcher): given the rows of the requests at the head of the queue that can share a batch (same
+inputs, datatypes and non-batch dimensions), it says how many to run now, or when to look again.
+It imports no asyncio and reads no clock: the asyncio loop that drives it is serving/batch_loop.py.
 """
 
 from __future__ import annotations
@@ -45,26 +33,22 @@ def plan_batch(
     spec: BatchingSpec,
     backlog: bool = False,
 ) -> BatchPlan:
-    """Plan the next batch.
-
-    rows: rows of each compatible request at the head of the queue, oldest first.
-    oldest_at: when the head request was enqueued.
-    backlog: requests that cannot join this batch wait behind these.
-    """
+    """The next batch from the rows of the compatible requests at the head of the queue, oldest
+    first (the head enqueued at `oldest_at`); `backlog`: other requests wait behind these."""
     if not rows:
         return EMPTY
     limit = spec.max_batch_size
-    if limit == 1 or rows[0] >= limit:
+    if limit == 1 or rows[0] >= limit:  # the head alone fills a batch: it runs alone
         return BatchPlan(1, rows[0], None, "single" if limit == 1 else "full")
     take, total = _fit(rows, limit)
-    if total == limit or take < len(rows) or backlog:
+    if total == limit or take < len(rows) or backlog:  # a full batch, or more wait behind it
         return BatchPlan(take, total, None, "full")
     if total in spec.preferred_batch_sizes:
         return BatchPlan(take, total, None, "preferred")
     deadline = oldest_at + spec.max_queue_delay_s
-    if now >= deadline:
+    if now >= deadline:  # the oldest request has waited max_queue_delay: run what fits
         return BatchPlan(take, total, None, "delay")
-    return BatchPlan(0, 0, deadline, "waiting")
+    return BatchPlan(0, 0, deadline, "waiting")  # a new arrival wakes the planner earlier
 
 
 def _fit(rows: Sequence[int], limit: int) -> tuple[int, int]:

@@ -1,9 +1,7 @@
-"""DataPlane: the request core of a replica. It knows no HTTP.
-
-Validates requests against the model's declared tensors, queues them for the
-batch loop, runs batches on the slice executor, and builds responses. The REST
-adapter (serving/replica.py) maps its exceptions to statuses with the one table
-in serving/protocol/errors.py.
+"""DataPlane, the request core of a replica; it knows no HTTP. It validates requests against the
+model's declared tensors, queues them for the batch loop, runs batches on the slice executor and
+builds responses; the REST adapter (serving/replica.py) maps its exceptions to statuses with the
+one table in serving/protocol/errors.py.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""The executor: runs a replica's model calls on the slice it is bound to, and accounts busy time.
-
-One worker thread per replica, because a slice is one stream of work: batches
-run one after another, and the time each spends in the model is added to
-`busy_seconds`. Its rate is the slice's duty cycle, the signal the autoscaler
-uses (whole-GPU utilization from NVML reads 100 % for one busy request on a
-shared device, so it misleads; DESIGN.md section 5).
-
-How a slice is enforced here (DESIGN.md section 7):
-- cpu: CPU affinity and the framework's intra-op threads;
-- gpu: CUDA_VISIBLE_DEVICES (set by whoever starts the replica), MPS active
-  thread percentage and pinned memory limit (effective under an MPS daemon),
-  and the framework's own memory limit (ONNX Runtime gpu_mem_limit, torch
-  memory fraction), passed to the loader;
-- emulated: nothing to enforce; the device exists only in the inventory.
+"""The executor: runs a replica's model calls one after another on one thread (a slice is one
+stream of work) and adds up their time in the model as `busy_seconds`, whose rate, the slice's
+duty cycle, is what the autoscaler scales on; NVML's whole-GPU utilization reads 100 % for one
+busy request on a shared device (DESIGN.md section 5). It also binds the slice (DESIGN.md
+section 7): on cpu, CPU affinity and the framework's intra-op threads; on gpu,
+CUDA_VISIBLE_DEVICES (set by whoever starts the replica), MPS active-thread percentage and
+pinned memory limit (effective under an MPS daemon) and the framework's own memory limit (ONNX
+Runtime gpu_mem_limit, torch memory fraction) passed to the loader; an emulated device exists
+only in the inventory, with nothing to enforce.
 """
 
 from __future__ import annotations

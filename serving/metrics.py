@@ -1,7 +1,5 @@
-"""The replica's Prometheus metrics (DESIGN.md section 5), in a registry of its own.
-
-`shoal_replica_busy_seconds_total` is the executor's busy time; its rate is the
-slice's duty cycle.
+"""The replica's Prometheus metrics (DESIGN.md section 5), in a registry of its own; the rate of
+`shoal_replica_busy_seconds_total` (the executor's busy time) is the slice's duty cycle.
 """
 
 from __future__ import annotations

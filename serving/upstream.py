@@ -1,11 +1,8 @@
-"""Pooled HTTP/1.1 keep-alive connections from the gateway to one replica.
-
-The gateway adds at most a fraction of a millisecond per request, so it does
-not go through a general-purpose client: requests to replicas are plain
-HTTP/1.1 with Content-Length (or chunked) responses over connections kept open
-and reused. A request that fails on a reused connection before any byte of the
-response came back was never read by the replica (it closed an idle
-connection), so it is safe to send again: `UpstreamUnavailable.retryable` says so.
+"""Pooled HTTP/1.1 keep-alive connections from the gateway to one replica: plain requests with
+Content-Length (or chunked) responses over reused connections, not a general-purpose client, so
+the gateway adds at most a fraction of a millisecond. A request that fails on a reused
+connection before any byte of answer was never read (the replica closed an idle connection), so
+it is safe to resend: `UpstreamUnavailable.retryable` says so.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Artifact loaders, and which one an artifact needs.
-
-Detection reads the file name and, for Python files, the syntax tree (no code
-runs to decide); `--loader` overrides it. Loader modules are imported lazily so
-a replica pays only for the framework its model needs.
+"""Artifact loaders, and which one an artifact needs: detection reads the file name and, for Python
+files, the syntax tree (no code runs), and `--loader` overrides it. Loader modules are imported
+lazily, so a replica pays only for the framework its model needs.
 """
 
 from __future__ import annotations

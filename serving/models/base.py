@@ -1,9 +1,7 @@
-"""What every loaded model offers the data path.
-
-A model declares its tensors (read from the artifact where the format has them),
-whether its first dimension is a batch dimension, and a synchronous `predict`
-that runs on the replica's slice executor thread. Models that speak V1 natively
-(Nuclio handlers, KServe custom models) also implement `predict_v1`.
+"""What every loaded model offers the data path: its declared tensors (read from the artifact where
+the format has them), whether its first dimension is a batch dimension, and a synchronous
+`predict` run on the slice executor's thread; models that speak V1 natively (Nuclio handlers,
+KServe custom models) also implement `predict_v1`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""A user's KServe custom predictor (a `kserve.Model` subclass in a .py file), run unchanged.
-
-Shoal instantiates the class with the function's name, calls `load()` unless the
-model is already ready, and calls it the way KServe's ModelServer does:
-`await model(payload, headers)` runs preprocess -> predict -> postprocess. On V2
-the payload is a `kserve.InferRequest` (its inputs carry JSON-style data lists,
-as KServe's REST server builds them); on V1 it is the JSON body dict.
+"""A user's KServe custom predictor (a `kserve.Model` subclass in a .py file), run unchanged: Shoal
+instantiates it with the function's name, calls `load()` unless it is ready, and runs
+`await model(payload, headers)` (preprocess -> predict -> postprocess) as KServe's ModelServer
+does, with a `kserve.InferRequest` on V2 (JSON-style data lists, as KServe's REST server builds
+them) and the JSON body dict on V1.
 """
 
 from __future__ import annotations

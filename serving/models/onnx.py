@@ -1,6 +1,5 @@
-"""ONNX models on ONNX Runtime: the CUDA execution provider on a GPU slice, the CPU one otherwise.
-
-Tensor names, datatypes and shapes come from the session, so model metadata is the artifact's own.
+"""ONNX models on ONNX Runtime, with the CUDA execution provider on a GPU slice and the CPU one
+otherwise; tensor names, datatypes and shapes come from the session (the artifact's own).
 """
 
 from __future__ import annotations

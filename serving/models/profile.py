@@ -1,8 +1,6 @@
-"""`profile` models: an emulated device whose service time follows a measured profile.
-
-For capacity planning, CI and benchmarks on machines without a GPU. The service
-time is slept, not computed, so it burns no CPU; the busy time still counts in
-the replica's duty cycle. Every output of such a replica says "emulated".
+"""`profile` models: an emulated device whose service time follows a measured profile, for capacity
+planning, CI and benchmarks on machines without a GPU. The service time is slept, not computed,
+so it burns no CPU, yet counts in the replica's duty cycle; every output says "emulated".
 
     kind: profile
     inputs:  [{name: x, datatype: FP32, shape: [-1, 16]}]

@@ -1,8 +1,6 @@
-"""scikit-learn and xgboost (sklearn API) estimators saved with joblib or pickle.
-
-Unpickling runs code from the file, so these load only with `trust=True`, and the
-refusal happens before the file is opened. Tensors follow KServe's sklearn
-server: input `input-0` [-1, n_features], output `output-0` (predict), plus
+"""scikit-learn and xgboost (sklearn API) estimators saved with joblib or pickle. Unpickling runs
+code, so these load only with `trust=True`, refused before the file is opened. Tensors follow
+KServe's sklearn server: input `input-0` [-1, n_features], output `output-0` (predict), plus
 `predict_proba` for classifiers.
 """
 

@@ -1,11 +1,8 @@
-"""TorchScript models (the `torch` extra).
-
-TorchScript carries argument names but not datatypes or shapes, so tensors come
-from a sidecar `ARTIFACT.yaml` when present (`inputs:`/`outputs:` as in a
-profile); without one, inputs are named after forward()'s arguments and any
-FP32 shape is accepted, outputs are OUTPUT__0.. as in Triton's PyTorch backend.
-On a GPU slice the module moves to that device and the process's CUDA memory
-fraction is capped to the slice.
+"""TorchScript models (the `torch` extra). TorchScript carries argument names but not datatypes or
+shapes, so tensors come from a sidecar `ARTIFACT.yaml` when present (as in a profile); without
+one, inputs are forward()'s argument names accepting any FP32 shape, and outputs OUTPUT__0.. as
+in Triton's PyTorch backend. On a GPU slice the module moves to that device and the process's
+CUDA memory fraction is capped to the slice.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Tensor codec: V2 JSON tensors, the binary tensor extension, and V1 bodies.
-
-Binary tensor extension (Triton's, also KServe's): the body is a JSON header of
-`Inference-Header-Content-Length` bytes followed by raw tensors in input order;
-each binary input carries `parameters.binary_data_size`. Fixed-size types are
-little-endian, row-major; BOOL is one byte; each BYTES element is a 4-byte
-little-endian length followed by its bytes.
-
-Every malformed body raises InvalidInput with a message that names the value
-and what was expected. Pure: no I/O.
+"""Tensor codec (pure, no I/O): V2 JSON tensors, the binary tensor extension and V1 bodies. Every
+malformed body raises InvalidInput naming the value and what was expected. In the binary
+extension (Triton's, also KServe's) the body is a JSON header of
+`Inference-Header-Content-Length` bytes, then the raw tensors in input order, each sized by its
+`parameters.binary_data_size`: fixed-size types little-endian and row-major, BOOL one byte,
+each BYTES element a 4-byte little-endian length and its bytes.
 """
 
 from __future__ import annotations
