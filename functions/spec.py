@@ -128,8 +128,6 @@ class SliceRequest:
 
 @dataclass(frozen=True, slots=True)
 class ScalingSpec:
-    """Autoscaling bounds and targets of one function."""
-
     min_replicas: int = 0
     max_replicas: int = 8
     slo_p95_ms: float = 100.0

@@ -20,8 +20,6 @@ from functions.spec import FunctionSpec, SpecError
 
 
 class ClusterPlane:
-    """What deploy/api.py's create_api() needs, on a cluster."""
-
     def __init__(self, registry: ConfigMapRegistry, store: ArtifactStore, token: str,
                  status: Callable[[], dict[str, Any]], inventory: Callable[[], dict[str, Any]],
                  changed: Callable[[str], None], cluster: Cluster | None = None):

@@ -331,9 +331,8 @@ def binary_bytes(arr: np.ndarray, datatype: str) -> bytes:
 
 
 def encode_infer_response(resp: InferResponse, binary_names: frozenset[str] = frozenset()) -> tuple[bytes, int | None]:
-    """Encode a response; outputs named in `binary_names` go in the binary extension.
-
-    Returns the body and the JSON header length (None for a plain JSON body)."""
+    """The body, and its JSON header length (None for plain JSON); outputs named in `binary_names`
+    go in the binary extension."""
     outputs = []
     chunks: list[bytes] = []
     for out in resp.outputs:
