@@ -221,7 +221,8 @@ def left_of(fit, busy_pct, warm):
 # Arguments: the cluster's per-device state (free compute units and MiB, MiB capacity, duty in
 # percent, place in id order); the demand's per-device arrays (kind preference, MiB needed on
 # each, warm node, its replicas there, the caller's mask; an empty array: not given) and its
-# units and MiB; the profile's `filter_places`, `weights` and `numbers`.
+# units and MiB; the profile's `filter_places` (filter_statuses' columns: best_device runs every
+# filter), `weights` and `numbers`.
 SIGNATURE = ("(int32[::1], int32[::1], int32[::1], int64[::1], int64[::1], int64[::1], int32[::1], bool[::1], "
              "int64[::1], bool[::1], int64, int64, int64[::1], int64[::1], int64[::1])")
 JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy's: a division by 0 gives 0, not an exception
