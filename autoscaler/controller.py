@@ -36,7 +36,7 @@ from autoscaler.metrics import (
     quantile,
     request_rate,
 )
-from autoscaler.placement import Demand, Inventory, Placement, Unplaceable, place
+from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Unplaceable
 from autoscaler.policy import PolicyState, ScaleDecision, decide
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
@@ -148,7 +148,7 @@ class Controller:
         self.backend = backend
         self.router = router
         self.metrics_source = metrics_source
-        self.inventory = inventory
+        self.cluster = SliceCluster.from_inventory(inventory)  # the one placement state
         self.events = events
         self.config = config
         self.clock = clock
@@ -168,7 +168,7 @@ class Controller:
         self._stopping = False
         for device in inventory.devices:
             self.metrics.allocated.labels(device.id, str(device.emulated).lower()).set_function(
-                lambda d=device.id: self.inventory.allocated_ratio(d)
+                lambda d=device.id: self.cluster.allocated_ratio(d)
             )
 
     # ------------------------------------------------------------------ loop
@@ -334,7 +334,7 @@ class Controller:
 
     async def start_replica(self, name: str, spec: FunctionSpec, revision: int) -> Replica | None:
         replica_id = f"{name}-{next(self._ids)}"
-        placed = place(self.demand_for(spec, replica_id), self.inventory)
+        placed = self.cluster.place(self.demand_for(spec, replica_id))
         if isinstance(placed, Unplaceable):
             message = f"cannot place a replica of {name}: {placed.message}"
             self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
@@ -342,7 +342,6 @@ class Controller:
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
-        self.inventory = self.inventory.allocate(placed)
         replica = Replica(replica_id, name, revision, placed, created_at=self.clock(), spec=spec)
         self.replicas[replica_id] = replica
         try:
@@ -399,7 +398,7 @@ class Controller:
         if replica.handle is not None:
             await self.backend.stop(replica.handle, self.config.stop_grace_s)
         replica.state = "stopped"
-        self.inventory = self.inventory.release(replica.id)
+        self.cluster.release(replica.id)
         self.replicas.pop(replica.id, None)
         self.events("replica_stopped", f"{replica.id} stopped ({reason})", function=replica.function,
                     data={"replica": replica.id, "reason": reason})
@@ -409,7 +408,7 @@ class Controller:
         self.router.remove_endpoint(replica.function, replica.id)
         if replica.handle is not None and self.backend.exited(replica.handle) is None:
             await self.backend.stop(replica.handle, 1.0)
-        self.inventory = self.inventory.release(replica.id)
+        self.cluster.release(replica.id)
         self.replicas.pop(replica.id, None)
         self.events("replica_failed", message, function=replica.function, data={"replica": replica.id})
 

@@ -1,15 +1,15 @@
-"""`SliceCluster`: a mutable inventory of thousands of devices, for the simulator and the controller.
+"""`SliceCluster`: the devices and the replicas placed on them, and the one `place()`.
 
 The state is numpy arrays, one entry per device (compute in `UNITS`, memory in
-MiB). `place()` runs the profile's filter and score plugins in one compiled pass
-over those arrays (`kernel`, for profiles made of the plugins it knows), or as
-numpy vector operations: no Python loop over devices on the hot path. Besides placing and
+MiB). `place()` runs the profile's filter and score plugins over those arrays in
+one compiled pass (`plugins.best_device`); the controller (a few devices), the
+simulator and the planner (thousands) all place through it. Besides placing and
 releasing, it answers the questions a packing controller asks: which replicas to
 remove so whole devices go idle (`scale_down_victims`), and which to move so
 sparse devices empty (`consolidation_moves`, a proposal only, in the spirit of
 the Kubernetes descheduler's HighNodeUtilization).
 
-Pure: stdlib, numpy and numba (kernel); no I/O, no clock.
+Pure: stdlib, numpy and numba (plugins); no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import numpy as np
 
 from autoscaler.placement import plugins
 from autoscaler.placement.inventory import Inventory
-from autoscaler.placement.plugins import BINPACK, Devices, Profile, Request
+from autoscaler.placement.plugins import BINPACK, NONE_BOOL, NONE_I32, NONE_I64, SUCCESS, Profile
 from autoscaler.placement.types import (
-    UNITS, Allocation, Demand, Device, Placement, Status, Unplaceable, invalid, least_used_cores, to_units,
+    UNITS, Allocation, Demand, Device, Placement, Status, Unplaceable, invalid, least_used_cores, memory_for, to_units,
 )
 
 
 MAX_DEVICE_MIB = 2**31 // 100 - 1  # 20 TiB: MiB x 100 stays within int32
+NAMED_DEVICES = 8  # up to this many devices (a machine's), "cannot place" names each with its numbers
 
 
 class _Held(NamedTuple):  # one per placement: a NamedTuple is built in a fraction of a frozen dataclass's time
@@ -43,16 +44,12 @@ class _Held(NamedTuple):  # one per placement: a NamedTuple is built in a fracti
 class SliceCluster:
     """Devices (grouped in nodes by `Device.node`) and the replicas placed on them.
 
-    Mutable, unlike `Inventory`: `place()` allocates and `release()` frees, each
-    in O(1) besides the vector step. Compute is kept in integer `UNITS` and memory
-    in MiB, so no sum ever drifts; `profile` picks the plugins and weights."""
+    Mutable: `place()` allocates and `release()` frees, each in O(1) besides the
+    compiled pass. Compute is kept in integer `UNITS` and memory in MiB, so no sum
+    ever drifts; `profile` picks the plugins and weights."""
 
-    def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK, compiled: bool = True):
+    def __init__(self, devices: Sequence[Device], profile: Profile = BINPACK):
         self.devices = tuple(devices)
-        # compiled: a profile made of the plugins placement.kernel knows (the default ones are)
-        # runs in its one compiled pass; False keeps to the plugins' numpy steps, the reference
-        # the compiled pass is tested against
-        self._compiled = compiled
         self.profile = profile
         self._index = {d.id: i for i, d in enumerate(self.devices)}
         if len(self._index) != len(self.devices):
@@ -69,12 +66,10 @@ class SliceCluster:
         self._id_rank = np.empty(n, np.int64)
         self._id_rank[np.argsort([d.id for d in self.devices], kind="stable")] = np.arange(n)
         # int32 state: the arithmetic stays far from 2**31 (720720 units x 100; MiB x 100 up to 20 TiB)
-        # and halves the bytes each numpy step reads
         self._memory = np.array([d.memory_mib for d in self.devices], np.int32)
-        same = n > 0 and bool(np.all(self._memory == self._memory[0]))  # then one 0-d capacity for all
-        self._state = Devices(np.array(UNITS, np.int32), np.full(n, UNITS, np.int32),
-                              np.array(self._memory[0]) if same else self._memory, self._memory.copy(),
-                              least_units=UNITS, least_mib=int(self._memory.min()) if n else 0)
+        self._free_units = np.full(n, UNITS, np.int32)
+        self._free_mib = self._memory.copy()
+        self._busy_pct = NONE_I64  # observed duty per device; empty until one is observed
         self._beyond_mib = int(self._memory.max()) + 1 if n else 1  # more memory than any device has
         self._count = np.zeros(n, np.int64)  # replicas per device
         self._replicas: dict[str, _Held] = {}
@@ -85,25 +80,23 @@ class SliceCluster:
         # is ever changed in place (shared with copies of the cluster, too)
         self._on_node: dict[int, np.ndarray] = {}
         self._core_load: dict[int, dict[int, int]] = {}  # cpu device -> core -> replicas
-        self._preference: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | int]] = {}
-        self._tie_break: dict[tuple[tuple[str, ...], int], np.ndarray] = {}
+        self._preference: dict[tuple[str, ...], np.ndarray] = {}
         self._units: dict[tuple[int, int], int] = {}  # (numerator, denominator): hashing a Fraction is slow
         self._share: dict[Fraction, np.ndarray] = {}
         self._seq = 0
 
     @classmethod
     def uniform(cls, count: int, memory_mib: int = 81920, kind: str = "gpu", per_node: int = 8,
-                profile: Profile = BINPACK, compiled: bool = True) -> "SliceCluster":
+                profile: Profile = BINPACK) -> "SliceCluster":
         """`count` identical devices, `per_node` to a node: "gpu:0" .. on "node-0" .."""
         width = len(str(max(count - 1, 0)))
         devices = [Device(f"{kind}:{i:0{width}d}", kind, memory_mib, node=f"node-{i // per_node}") for i in range(count)]
-        return cls(devices, profile, compiled)
+        return cls(devices, profile)
 
     @classmethod
-    def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK,
-                       compiled: bool = True) -> "SliceCluster":
-        """The same devices and allocations, to plan on at scale."""
-        cluster = cls(inventory.devices, profile, compiled)
+    def from_inventory(cls, inventory: Inventory, profile: Profile = BINPACK) -> "SliceCluster":
+        """The same devices, allocations, warm nodes and observed duties."""
+        cluster = cls(inventory.devices, profile)
         for a in inventory.allocations:
             i = cluster._index[a.device]
             demand = Demand(a.replica, a.function, a.fraction, a.memory_mib, (cluster.devices[i].kind,))
@@ -122,19 +115,13 @@ class SliceCluster:
     def profile(self, profile: Profile) -> None:
         self._profile = profile
         self._warm_on = profile.weight(plugins.warm_cache) > 0
-        self._weights = None  # the compiled pass's weights; None: the plugins run in numpy
-        if self._compiled:
-            from autoscaler.placement import kernel  # numba loads here: the controller, on Inventory, never needs it
-
-            self._weights = kernel.weights_of(profile)
-            self._kernel = kernel
 
     def copy(self) -> "SliceCluster":
         other = object.__new__(SliceCluster)
         other.__dict__.update(self.__dict__)
-        s = self._state
-        other._state = replace(s, free_units=s.free_units.copy(), free_mib=s.free_mib.copy(),
-                               busy_pct=None if s.busy_pct is None else s.busy_pct.copy())
+        other._free_units = self._free_units.copy()
+        other._free_mib = self._free_mib.copy()
+        other._busy_pct = self._busy_pct.copy()
         other._count = self._count.copy()
         other._replicas = dict(self._replicas)
         other._by_function = {f: set(r) for f, r in self._by_function.items()}
@@ -146,7 +133,7 @@ class SliceCluster:
     # ---- the hot path ---------------------------------------------------------------------
 
     def place(self, demand: Demand) -> Placement | Unplaceable:
-        """Filter, score, choose and allocate: vector operations over all devices."""
+        """Filter, score, choose and allocate: one compiled pass over all devices."""
         return self._place(demand, None)
 
     def _place(self, demand: Demand, allowed: np.ndarray | None) -> Placement | Unplaceable:
@@ -157,47 +144,24 @@ class SliceCluster:
             reason = f"replica {demand.replica} is already placed on {where}"
             return Unplaceable(demand.replica, (reason,), Status.ERROR)
         if not self.devices:
-            return Unplaceable(demand.replica, ("no devices in the cluster",), Status.UNRESOLVABLE)
-        if self._weights is not None:
-            index, units, mib = self._compiled_choice(demand, allowed)
-            if index >= 0:
-                return self._hold(demand, index, units, mib, None)
-            # nothing passed: the plugins' statuses give the reasons (not their scores: were the
-            # compiled pass wrong to find nothing, this answer differs from the plugins', and shows)
-            return self._unplaceable(demand, plugins.run_filters(self.profile, self._state, self._request(demand)))
-        request = self._request(demand)
-        statuses = plugins.run_filters(self.profile, self._state, request)
-        ok = plugins.passing(statuses, len(self.devices))
-        if allowed is not None:
-            ok = ok & allowed
-        total = plugins.weighted_total(self.profile, self._state, request)
-        best = plugins.choose(ok, total, self._tie_break_for(demand.kinds))
-        if best is None:
-            return self._unplaceable(demand, statuses)
-        mib = request.mib if isinstance(request.mib, int) else int(request.mib[best])
-        return self._hold(demand, best, request.units, mib, None)
-
-    def _compiled_choice(self, demand: Demand, allowed: np.ndarray | None) -> tuple[int, int, int]:
-        """(device index or -1, compute units, MiB on that device): placement.kernel's choice,
-        the device the plugins would choose."""
-        kernel, state, profile = self._kernel, self._state, self.profile
+            return Unplaceable(demand.replica, ("no devices to place on",), Status.UNRESOLVABLE)
         units, mib = self._needs(demand)
-        per_device = not isinstance(mib, int)  # a share of each device's memory
-        warm = self._warm_on and demand.function in self._warm
-        limited = profile.max_per_device is not None
-        best = kernel.best_device(
-            state.free_units, state.free_mib, self._memory, units,
-            0 if per_device else mib, mib if per_device else kernel.NONE_I32,
-            self._kinds(demand.kinds)[0], self._tie_break_for(demand.kinds),
-            kernel.NONE_I64 if state.busy_pct is None else state.busy_pct,
-            self._warm_devices[demand.function] if warm else kernel.NONE_BOOL,
-            self._replicas_per_device(demand.function) if limited else kernel.NONE_I64,
-            profile.max_per_device if limited else 0,
-            kernel.NONE_BOOL if allowed is None else allowed,
-            self._weights, int(profile.smallest_units), int(profile.smallest_mib))
+        arguments = self._pass_arguments(demand, units, mib, allowed)
+        best = plugins.best_device(*arguments)
         if best < 0:
-            return -1, units, 0
-        return best, units, int(mib[best]) if isinstance(mib, np.ndarray) else mib
+            return self._unplaceable(demand, plugins.filter_statuses(*arguments))
+        return self._hold(demand, best, units, int(mib[best]) if isinstance(mib, np.ndarray) else mib, None)
+
+    def _pass_arguments(self, demand: Demand, units: int, mib: np.ndarray | int, allowed: np.ndarray | None) -> tuple:
+        """What plugins.best_device and filter_statuses take, in their order."""
+        profile = self.profile
+        per_device = isinstance(mib, np.ndarray)  # a share of each device's memory
+        warm = self._warm_devices.get(demand.function, NONE_BOOL) if self._warm_on else NONE_BOOL
+        same = NONE_I64 if profile.max_per_device is None else self._replicas_per_device(demand.function)
+        return (self._free_units, self._free_mib, self._memory, self._busy_pct, self._id_rank,
+                self._kinds(demand.kinds), mib if per_device else NONE_I32, warm, same,
+                NONE_BOOL if allowed is None else allowed, units, 0 if per_device else mib,
+                profile.filter_places, profile.weights, profile.numbers)
 
     def _needs(self, demand: Demand) -> tuple[int, np.ndarray | int]:
         """(compute units, MiB or MiB per device) a demand asks for."""
@@ -209,28 +173,11 @@ class SliceCluster:
             (f.numerator, f.denominator), min(to_units(f), UNITS + 1))
         return units, mib
 
-    def _request(self, demand: Demand) -> Request:
-        units, mib = self._needs(demand)
-        preference, kind_status = self._kinds(demand.kinds)
-        request = plugins.prepare(self._state, Request(demand, units, mib, preference, kind_status))
-        if self.profile.max_per_device is not None:
-            request.same_function = self._replicas_per_device(demand.function)
-        if self._warm_on and demand.function in self._warm:
-            request.warm = self._warm_devices[demand.function]
-        return request
-
-    def _kinds(self, kinds: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | int]:
-        """Per kinds tuple, kept: the preference per device and fits_kind's answer."""
+    def _kinds(self, kinds: tuple[str, ...]) -> np.ndarray:
+        """Per kinds tuple, kept: the preference per device (0: not allowed)."""
         if kinds not in self._preference:
-            preference = plugins.kind_preference(self._kind, self._kind_names, kinds)
-            self._preference[kinds] = preference, plugins.kind_status(preference)
+            self._preference[kinds] = plugins.kind_preference(self._kind, self._kind_names, kinds)
         return self._preference[kinds]
-
-    def _tie_break_for(self, kinds: tuple[str, ...]) -> np.ndarray:
-        key = (kinds, self.profile.max_total)
-        if key not in self._tie_break:
-            self._tie_break[key] = plugins.tie_break(self._kinds(kinds)[0], self._id_rank, self.profile)
-        return self._tie_break[key]
 
     def _share_of_memory(self, fraction: Fraction) -> np.ndarray:
         """A slice without its own memory figure takes its share of each device's memory."""
@@ -247,8 +194,8 @@ class SliceCluster:
         device = self.devices[i]
         if cpus is None:
             cpus = self._pick_cores(demand.fraction, i) if device.cpus else ()
-        self._state.free_units[i] -= units
-        self._state.free_mib[i] -= mib
+        self._free_units[i] -= units
+        self._free_mib[i] -= mib
         self._count[i] += 1
         self._seq += 1
         self._replicas[demand.replica] = _Held(demand, i, units, mib, cpus, self._seq)
@@ -268,13 +215,34 @@ class SliceCluster:
             return ()
         return least_used_cores(fraction, device.cpus, self._core_load.get(i, {}))
 
-    def _unplaceable(self, demand: Demand, statuses: list[np.ndarray]) -> Unplaceable:
-        """One line for the whole cluster: "1000 devices: 998 compute full, 2 memory full (...)"."""
-        counts, status = plugins.first_failures(self.profile, statuses, len(self.devices))
-        memory = f"{demand.memory_mib} MiB" if demand.memory_mib is not None else "its share of memory"
-        text = (f"{len(self.devices)} devices: {', '.join(f'{c} {label}' for label, c in counts)} "
-                f"(needs {demand.fraction} of a device's compute and {memory})")
-        return Unplaceable(demand.replica, (text,), status, tuple(counts))
+    # ---- cannot place ---------------------------------------------------------------------
+
+    def _unplaceable(self, demand: Demand, statuses: np.ndarray) -> Unplaceable:
+        """On a few devices, one reason per device with its numbers ("gpu:0: 25% of compute
+        free, needs 50%"); on more, one line: "1000 devices: 998 compute full, 2 memory full (...)"."""
+        counts, status = plugins.first_failures(self.profile, statuses)
+        if len(self.devices) <= NAMED_DEVICES:
+            failed = np.flatnonzero(statuses.max(axis=1) != SUCCESS)
+            reasons = tuple(self._reason(demand, int(i), statuses[i]) for i in failed)
+        else:
+            memory = f"{demand.memory_mib} MiB" if demand.memory_mib is not None else "its share of memory"
+            reasons = (f"{len(self.devices)} devices: {', '.join(f'{c} {label}' for label, c in counts)} "
+                       f"(needs {demand.fraction} of a device's compute and {memory})",)
+        return Unplaceable(demand.replica, reasons, status, tuple(counts))
+
+    def _reason(self, demand: Demand, i: int, codes: np.ndarray) -> str:
+        """Device i's worst failure (one that can never pass before one that could), then the first filter's."""
+        device, worst = self.devices[i], int(codes.max())
+        name = self.profile.filters[int(np.argmax(codes == worst))].__name__
+        used, used_mib = self.used(device.id)
+        if name == "fits_kind":
+            return f"{device.id}: kind {device.kind}, needs {' or '.join(demand.kinds)}"
+        if name == "fits_compute":
+            return f"{device.id}: {float(1 - used):.0%} of compute free, needs {float(demand.fraction):.0%}"
+        if name == "fits_memory":
+            return f"{device.id}: {device.memory_mib - used_mib} MiB free, needs {memory_for(demand, device)} MiB"
+        limit = self.profile.max_per_device
+        return f"{device.id}: runs {limit} replicas of {demand.function} already, at most {limit}"
 
     # ---- changes --------------------------------------------------------------------------
 
@@ -284,8 +252,8 @@ class SliceCluster:
         if held is None:
             return False
         i = held.device
-        self._state.free_units[i] += held.units
-        self._state.free_mib[i] += held.mib
+        self._free_units[i] += held.units
+        self._free_mib[i] += held.mib
         self._count[i] -= 1
         self._by_function[held.demand.function].discard(replica_id)
         for c in held.cpus:
@@ -294,9 +262,9 @@ class SliceCluster:
 
     def set_device_busy(self, device_id: str, duty: float) -> None:
         """The observed duty (0..1) of a physical device, for the least-busy scorer."""
-        if self._state.busy_pct is None:
-            self._state.busy_pct = np.zeros(len(self.devices), np.int64)
-        self._state.busy_pct[self._index[device_id]] = plugins.duty_pct(duty)
+        if not self._busy_pct.shape[0]:
+            self._busy_pct = np.zeros(len(self.devices), np.int64)
+        self._busy_pct[self._index[device_id]] = plugins.duty_pct(duty)
 
     def mark_warm(self, function: str, node: str) -> None:
         """This node has the function's artifact (placing a replica there marks it too)."""
@@ -330,13 +298,17 @@ class SliceCluster:
     def __contains__(self, replica_id: object) -> bool:
         return replica_id in self._replicas
 
+    def allocated_ratio(self, device_id: str) -> float:
+        """Compute allocated on one device, 0..1 (the controller's shoal_slice_allocated_ratio)."""
+        return float(self.used(device_id)[0])
+
     def used(self, device_id: str) -> tuple[Fraction, int]:
         """(compute, MiB) allocated on a device; compute as a fraction of the device."""
         i = self._index[device_id]
-        return Fraction(int(self._used_units()[i]), UNITS), int(self._memory[i] - self._state.free_mib[i])
+        return Fraction(UNITS - int(self._free_units[i]), UNITS), int(self._memory[i] - self._free_mib[i])
 
     def _used_units(self) -> np.ndarray:
-        return UNITS - self._state.free_units
+        return UNITS - self._free_units
 
     def device_of(self, replica_id: str) -> Device:
         return self.devices[self._replicas[replica_id].device]
@@ -369,7 +341,7 @@ class SliceCluster:
         def rank(r: str) -> tuple:
             h = self._replicas[r]
             i = h.device
-            used = UNITS - int(self._state.free_units[i])
+            used = UNITS - int(self._free_units[i])
             return used - units_of_f[i], count_of_f[i], used, int(self._id_rank[i]), -h.seq
 
         return sorted(mine, key=rank)[:max(0, count)]

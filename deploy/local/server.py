@@ -219,7 +219,7 @@ class ControlPlane:
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__}
 
     def inventory_view(self) -> dict[str, Any]:
-        inv = self.controller.inventory
+        inv = self.controller.cluster
         return {"devices": [
             {"id": d.id, "kind": d.kind, "emulated": d.emulated, "memory_mib": d.memory_mib, "name": d.name,
              "allocated": inv.allocated_ratio(d.id), "memory_used_mib": inv.used(d.id)[1]}

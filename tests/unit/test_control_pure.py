@@ -15,7 +15,9 @@ from autoscaler.metrics import (
     parse_replica_metrics,
     quantile,
 )
-from autoscaler.placement import Demand, Device, Inventory, Placement, Unplaceable, parse_devices, pick_cpus, place
+from autoscaler.placement import (
+    Allocation, Demand, Device, Inventory, Placement, SliceCluster, Unplaceable, parse_devices,
+)
 
 CPU = Device("cpu:0", "cpu", 16384, cpus=(0, 1, 2, 3))
 GPU = Device("gpu:0", "gpu", 81920)
@@ -27,31 +29,33 @@ def demand(replica, fraction, kinds=("gpu", "cpu"), memory=None) -> Demand:
 
 
 def test_binpack_fills_one_device_before_the_next():
-    inv = Inventory(EMU)
+    cluster = SliceCluster(EMU)
     for i in range(4):  # 4 x 1/4 = one whole device
-        placed = place(demand(f"r{i}", "1/4", ("emulated",)), inv)
+        placed = cluster.place(demand(f"r{i}", "1/4", ("emulated",)))
         assert isinstance(placed, Placement) and placed.device.id == "emulated:1"  # ties go to the highest id
-        inv = inv.allocate(placed)
-    fifth = place(demand("r4", "1/4", ("emulated",)), inv)
+    fifth = cluster.place(demand("r4", "1/4", ("emulated",)))
     assert fifth.device.id == "emulated:0"
 
 
+def holding(*allocations: Allocation) -> SliceCluster:
+    return SliceCluster.from_inventory(Inventory((GPU,), allocations))
+
+
 def test_unplaceable_says_why_for_each_device():
-    inv = Inventory((GPU,)).allocate(Placement("big", GPU, Fraction(3, 4), 60000, ()))
-    result = place(demand("r", "1/2"), inv)
+    result = holding(Allocation("big", "gpu:0", Fraction(3, 4), 60000)).place(demand("r", "1/2"))
     assert isinstance(result, Unplaceable)
     # 1 - 3/4 = 25 % free, a 1/2 slice needs 50 %
     assert result.reasons == ("gpu:0: 25% of compute free, needs 50%",)
-    too_big = place(demand("r", "1/8", memory=30000), Inventory((GPU,)).allocate(Placement("big", GPU, Fraction(1, 2), 60000, ())))
+    too_big = holding(Allocation("big", "gpu:0", Fraction(1, 2), 60000)).place(demand("r", "1/8", memory=30000))
     # 81920 - 60000 = 21920 MiB free
     assert too_big.reasons == ("gpu:0: 21920 MiB free, needs 30000 MiB",)
 
 
 def test_real_models_prefer_gpus_and_profiles_need_emulated_devices():
-    inv = Inventory((CPU, GPU) + EMU)
-    assert place(demand("r", "1/4"), inv).device.id == "gpu:0"
-    assert place(demand("p", "1/4", ("emulated",)), inv).device.kind == "emulated"
-    only_cpu = place(demand("p", "1/4", ("emulated",)), Inventory((CPU,)))
+    cluster = SliceCluster((CPU, GPU) + EMU)
+    assert cluster.place(demand("r", "1/4")).device.id == "gpu:0"
+    assert cluster.place(demand("p", "1/4", ("emulated",))).device.kind == "emulated"
+    only_cpu = SliceCluster((CPU,)).place(demand("p", "1/4", ("emulated",)))
     assert isinstance(only_cpu, Unplaceable) and "kind cpu, needs emulated" in only_cpu.message
 
 
@@ -64,10 +68,9 @@ def test_real_models_prefer_gpus_and_profiles_need_emulated_devices():
     ],
 )
 def test_cpu_slices_get_the_least_used_cores(fraction, taken, expected):
-    inv = Inventory((CPU,))
-    for i, core in enumerate(taken):
-        inv = inv.allocate(Placement(f"x{i}", CPU, Fraction(1, 8), 10, (core,)))
-    assert pick_cpus(Fraction(fraction), CPU, inv) == expected
+    taken = tuple(Allocation(f"x{i}", "cpu:0", Fraction(1, 8), 10, (core,)) for i, core in enumerate(taken))
+    cluster = SliceCluster.from_inventory(Inventory((CPU,), taken))
+    assert cluster.place(demand("r", fraction, ("cpu",), memory=10)).cpus == expected
 
 
 def test_parse_devices():
