@@ -27,16 +27,8 @@ import numpy as np
 from serving.models.base import LoadError, LoadOptions, Model, parse_tensor_specs
 from serving.models.usercode import load_module
 from serving.protocol.datatypes import numpy_dtype, v2_datatype
-from serving.protocol.errors import InferenceError, ModelError
+from serving.protocol.errors import ModelError, StatusError
 from serving.protocol.types import RawBody, TensorSpec
-
-
-class HandlerStatus(InferenceError):
-    """The handler answered with a non-2xx status of its own."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class HandlerModel(Model):
@@ -80,7 +72,7 @@ class HandlerModel(Model):
         output = self._call(self.handler, self.context, _event_for_tensors(inputs))
         status, output = _status_and_body(output)
         if status >= 400:
-            raise HandlerStatus(status, f"handler answered {status}: {output!r}")
+            raise StatusError(status, f"handler answered {status}: {output!r}")
         if not isinstance(output, dict):
             raise ModelError(
                 f"on V2 the handler must return {{output name: array}}, got {type(output).__name__}"
