@@ -1,13 +1,14 @@
 """Every loader behind a real replica: a Nuclio-style handler and a KServe custom model
 called the same way as the ONNX model (tritonclient and KServe's REST client),
 scikit-learn pickles only with --trust, the emulated profile, TorchScript, and
-graceful shutdown on SIGTERM."""
+graceful shutdown on SIGTERM; a stopped replica leaves no stderr file behind."""
 
 from __future__ import annotations
 
 import asyncio
 import pickle
 import signal
+import tempfile
 import threading
 import time
 
@@ -17,7 +18,7 @@ import pytest
 import tritonclient.http as triton
 
 from functions.examples.digits import digits_data
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, start_replica
 
 pytestmark = pytest.mark.integration
 
@@ -205,6 +206,28 @@ def test_load_failure_exits_with_reason(tmp_path, replica_factory):
     replica = replica_factory(fake, "--name", "fake", wait_ready=False)
     assert replica.proc.wait(30) == 3
     assert "is not a loadable ONNX model" in replica.stderr_text()
+
+
+def test_a_stopped_replica_leaves_no_stderr_file_but_keeps_its_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where start_replica's file goes
+    (tmp_path / "tmp").mkdir()
+    fake = tmp_path / "fake.onnx"
+    fake.write_bytes(b"this is not onnx")
+    replica = start_replica(fake, "--name", "fake", wait_ready=False)
+    assert replica.proc.wait(30) == 3 and replica.stderr_path.parent == tmp_path / "tmp"
+    assert replica.stop() == 3
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert "is not a loadable ONNX model" in replica.stderr_text()
+
+
+def test_a_replica_that_fails_to_start_leaves_no_stderr_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fake = tmp_path / "fake.onnx"
+    fake.write_bytes(b"this is not onnx")
+    with pytest.raises(RuntimeError, match="is not a loadable ONNX model"):
+        start_replica(fake, "--name", "fake")
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_torchscript(tmp_path, replica_factory):
