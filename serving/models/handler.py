@@ -4,8 +4,9 @@
 The handler gets Nuclio's own SDK objects (nuclio_sdk.Context, Event, Response),
 so a function written for Nuclio runs unchanged:
 
-- V1 (`/v1/models/N:predict`): `event.body` is the parsed JSON body, as Nuclio
-  gives a JSON request; whatever the handler returns (dict, list, str, a
+- V1 (`/v1/models/N:predict`): `event.body` is the parsed JSON body, any JSON
+  value (object, list, string, number), as Nuclio gives a JSON request (`shoal
+  invoke N --json ...` and the SDK's `invoke_json` send there); whatever the handler returns (dict, list, str, a
   `(status, body)` tuple or `context.Response`) is converted the way Nuclio does.
 - V2 (`/v2/models/N/infer`): `event.body` is `{input name: numpy array}`; the
   handler returns `{output name: array-like}`.
@@ -33,6 +34,7 @@ from serving.protocol.types import RawBody, TensorSpec
 
 class HandlerModel(Model):
     platform = "nuclio_python"
+    v1_any_json = True
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         super().__init__(name, path, options)
@@ -79,7 +81,7 @@ class HandlerModel(Model):
             )
         return {str(k): _as_array(v, k, self.outputs) for k, v in output.items()}
 
-    def predict_v1(self, body: dict[str, Any], headers: dict[str, str]) -> RawBody:
+    def predict_v1(self, body: Any, headers: dict[str, str]) -> RawBody:
         """Nuclio semantics end to end: the handler's answer becomes the HTTP response
         (status, content type, headers, body) exactly as Nuclio's processor makes it."""
         import nuclio_sdk
