@@ -10,7 +10,8 @@
     GET    /api/v1/inventory
 
 No token: 401; a wrong token: 403; tokens are compared in constant time.
-Errors are `{"error": "..."}` like the inference protocol's.
+Errors are `{"error": "..."}` with the statuses of the one table in
+serving/protocol/errors.py, the framework's own (no route, validation) mapped through it.
 
 An artifact's bytes are sniffed (functions/sniff.py) when it is uploaded, before it is kept:
 that is the first request of a deploy, so an ONNX file that is not ONNX or a zip bomb is a
@@ -28,35 +29,65 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from functions.artifacts import ArtifactError, ArtifactTooLarge, validate_filename
 from functions.nuclio import to_function_yaml
-from functions.registry import NotFound
+from functions.registry import NotFound as RegistryNotFound
 from functions.sniff import sniff_artifact
 from functions.spec import SpecError, spec_from_dict, validate_name
+from serving.protocol.errors import (
+    Forbidden,
+    InferenceError,
+    InvalidInput,
+    LengthRequired,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    RouteNotFound,
+    StatusError,
+    Unauthorized,
+    UnprocessableRequest,
+    error_response,
+)
 
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib")
 MAX_SPEC_BYTES = 1024 * 1024
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-def check_token(header: str | None, token: str) -> ApiError | None:
+def check_token(header: str | None, token: str) -> InferenceError | None:
     """None when authorized; else 401 (no credentials) or 403 (wrong ones)."""
     if not header:
-        return ApiError(401, "missing bearer token: pass --token, SHOAL_TOKEN or the token file of shoal up",
-                        {"WWW-Authenticate": 'Bearer realm="shoal"'})
+        return Unauthorized("missing bearer token: pass --token, SHOAL_TOKEN or the token file of shoal up")
     scheme, _, value = header.partition(" ")
     value = value.strip()
     if scheme.lower() != "bearer" or not token or not value or not hmac.compare_digest(value.encode(), token.encode()):
-        return ApiError(403, "invalid bearer token")
+        return Forbidden("invalid bearer token")
     return None
+
+
+def as_error(exc: Exception) -> Exception:
+    """The table's error for what the API, its specs or FastAPI raised (anything else: a 500)."""
+    if isinstance(exc, InferenceError):
+        return exc
+    if isinstance(exc, SpecError):
+        return (PayloadTooLarge if isinstance(exc, ArtifactTooLarge) else InvalidInput)(str(exc))
+    if isinstance(exc, RequestValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors())
+        return UnprocessableRequest(f"invalid request: {problems}")
+    if isinstance(exc, StarletteHTTPException):  # FastAPI's own answers: no such route, method not allowed
+        if exc.status_code == 404:
+            return RouteNotFound(str(exc.detail))
+        if exc.status_code == 405:
+            return MethodNotAllowed(str(exc.detail), allow=(exc.headers or {}).get("Allow", "GET"))
+        return StatusError(exc.status_code, str(exc.detail))
+    return exc
+
+
+def error_reply(exc: Exception) -> Response:
+    status, headers, body = error_response(as_error(exc))
+    return Response(body, status_code=status, headers=dict(headers), media_type="application/json")
 
 
 async def write_artifact(store, stream, filename: str):
@@ -76,30 +107,17 @@ def create_api(plane) -> FastAPI:
     """`plane` is the running ControlPlane (deploy/local/server.py)."""
     app = FastAPI(title="Shoal control API", version="1", docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+    async def _error(request: Request, exc: Exception) -> Response:
+        return error_reply(exc)
 
-    @app.exception_handler(SpecError)
-    async def _spec_error(request: Request, exc: SpecError):
-        status = 413 if isinstance(exc, ArtifactTooLarge) else 400
-        return JSONResponse({"error": str(exc)}, status_code=status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
-        # FastAPI's own answers (no such route, method not allowed) in the API's error body
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors())
-        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+    for kind in (InferenceError, SpecError, StarletteHTTPException, RequestValidationError):
+        app.add_exception_handler(kind, _error)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Callable):
         denied = check_token(request.headers.get("authorization"), plane.token)
         if denied is not None:
-            return JSONResponse({"error": denied.message}, status_code=denied.status, headers=denied.headers)
+            return error_reply(denied)
         return await call_next(request)
 
     @app.post("/api/v1/artifacts")
@@ -116,27 +134,27 @@ def create_api(plane) -> FastAPI:
         validate_name(name)
         declared = request.headers.get("content-length", "")
         if not declared.isdigit() or int(declared) > MAX_SPEC_BYTES:
-            raise ApiError(413 if declared.isdigit() else 411,
-                           f"a function spec needs a Content-Length of at most {MAX_SPEC_BYTES} bytes")
+            raise (PayloadTooLarge if declared.isdigit() else LengthRequired)(
+                f"a function spec needs a Content-Length of at most {MAX_SPEC_BYTES} bytes")
         try:
             doc = await request.json()
         except ValueError:
-            raise ApiError(400, "function spec must be a JSON object") from None
+            raise InvalidInput("function spec must be a JSON object") from None
         if not isinstance(doc, dict):
-            raise ApiError(400, "function spec must be a JSON object")
+            raise InvalidInput("function spec must be a JSON object")
         doc["name"] = name
         spec = spec_from_dict(doc)
         if not plane.store.has(spec.artifact):
-            raise ApiError(400, f"artifact {spec.artifact!r} is not in the store: upload it first")
+            raise InvalidInput(f"artifact {spec.artifact!r} is not in the store: upload it first")
         # a pickle by its name, or anything the sklearn loader would unpickle: refused before it is opened
         if (spec.artifact.lower().endswith(PICKLE_SUFFIXES) or spec.loader == "sklearn") and not spec.trust:
-            raise ApiError(400, f"{spec.artifact.rsplit('/', 1)[-1]} is a pickle: loading it runs code from the file; "
-                                "refused without --trust (trust: true)")
+            raise InvalidInput(f"{spec.artifact.rsplit('/', 1)[-1]} is a pickle: loading it runs code from the file; "
+                               "refused without --trust (trust: true)")
         path = plane.store.path(spec.artifact)
         sniff = functools.partial(sniff_artifact, path, loader=spec.loader)
         if await asyncio.get_running_loop().run_in_executor(None, sniff) == "notebook":
-            raise ApiError(400, f"{path.name} is a notebook, which a replica cannot load: `shoal deploy` and the SDK "
-                                "convert it to a handler .py (nuclio-jupyter); deploy that")
+            raise InvalidInput(f"{path.name} is a notebook, which a replica cannot load: `shoal deploy` and the SDK "
+                               "convert it to a handler .py (nuclio-jupyter); deploy that")
         record = plane.put_function(spec)
         return plane.function_view(record)
 
@@ -159,7 +177,7 @@ def create_api(plane) -> FastAPI:
         record = _get(plane, name)
         path = plane.store.path(record.spec.artifact)
         if path.suffix != ".py":
-            raise ApiError(400, f"{name} is a {path.suffix} model: export writes Nuclio function.yaml for Python handler functions")
+            raise InvalidInput(f"{name} is a {path.suffix} model: export writes Nuclio function.yaml for Python handler functions")
         return PlainTextResponse(to_function_yaml(record.spec, path.read_bytes()), media_type="application/yaml")
 
     @app.get("/api/v1/events")
@@ -180,8 +198,8 @@ def create_api(plane) -> FastAPI:
 def _get(plane, name: str):
     try:
         return plane.registry.get_function(name)
-    except NotFound:
-        raise ApiError(404, f"function {name!r} not found") from None
+    except RegistryNotFound:
+        raise NotFound(f"function {name!r} not found") from None
 
 
-__all__ = ["create_api", "check_token", "ApiError", "ArtifactError"]
+__all__ = ["create_api", "check_token", "as_error", "error_reply", "ArtifactError"]

@@ -6,6 +6,11 @@ with the same images inlined as data URIs, so the page reads offline and can
 be mailed as one file. No script and no external resource: the page loads
 nothing. With `compare`, another run's summary and series are set beside this
 one (a headline table and overlaid charts).
+
+Every chart over time shares one axis, the run's start (0) to its end
+(`ts["seconds"]`, the last second a request was sent or answered): a sample
+taken before the schedule began or after the last answer sets the first or
+last step but widens no chart.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -60,16 +64,17 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
         plt.close(fig)
         charts[name] = path
 
+    span = time_axis(ts)
     x = np.arange(ts["seconds"])
-    # latency against the SLO
+    # latency against the SLO, at the middle of each second
     fig, ax = plt.subplots(figsize=(10, 3.4))
     for k in ("p50", "p95", "p99"):
-        ax.plot(x, _nan(ts["latency_ms"][k]), label=k, color=COLORS[k], lw=1.2, marker=".", ms=3)
+        ax.plot(x + 0.5, _nan(ts["latency_ms"][k]), label=k, color=COLORS[k], lw=1.2, marker=".", ms=3)
     if ts["slo_ms"] is not None:
         ax.axhline(ts["slo_ms"], color=COLORS["slo"], ls="--", lw=1, label=f"SLO {ts['slo_ms']:g} ms")
     _mark_decisions(ax, decisions, label=False)
     ax.set_yscale("log")
-    ax.set_xlim(0, ts["seconds"])
+    ax.set_xlim(*span)
     ax.set(xlabel="seconds since start", ylabel="latency (ms, log)", title="Latency of answered requests, per second")
     ax.legend(loc="upper right", ncol=4)
     save("latency", fig)
@@ -77,12 +82,13 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
     # offered vs achieved
     fig, ax = plt.subplots(figsize=(10, 3.0))
     if ts["offered"] is not None:
-        ax.step(x, ts["offered"], where="post", color=COLORS["offered"], label="offered (schedule)", lw=1.5)
+        ax.step(*_seconds(ts["offered"]), where="post", color=COLORS["offered"], label="offered (schedule)", lw=1.5)
     else:
-        ax.step(x, ts["sent"], where="post", color=COLORS["offered"], label="sent (closed loop)", lw=1.5)
-    ax.step(x, ts["ok"], where="post", color=COLORS["ok"], label="answered 200", lw=1.2)
+        ax.step(*_seconds(ts["sent"]), where="post", color=COLORS["offered"], label="sent (closed loop)", lw=1.5)
+    ax.step(*_seconds(ts["ok"]), where="post", color=COLORS["ok"], label="answered 200", lw=1.2)
     if any(ts["failed"]):
         ax.bar(x + 0.5, ts["failed"], color=COLORS["failed"], label="failed", width=0.9, alpha=0.8)
+    ax.set_xlim(*span)
     ax.set(xlabel="seconds since start", ylabel="requests / s", title="Offered vs achieved rate")
     ax.legend(loc="upper right", ncol=3)
     save("throughput", fig)
@@ -102,6 +108,7 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
             ax2.set_ylabel("requests held", color=COLORS["held"])
             ax2.grid(False)
         _mark_decisions(ax, decisions, label=True)
+        ax.set_xlim(*span)
         ax.set(xlabel="seconds since start", ylabel="replicas",
                title="Replicas, with every scale decision and its reason")
         ax.set_ylim(0, max(1, max(ready + starting, default=0), max(rep["desired"], default=0)) + 1)
@@ -111,17 +118,14 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
     # duty cycle heatmap
     duty = ts["duty"]
     if duty:
-        ids = sorted(duty, key=lambda r: duty[r]["t"][0])
-        n = max(1, int(math.ceil(max(max(d["t"]) for d in duty.values()))) + 1)
-        grid = np.full((len(ids), n), np.nan)
-        for i, rid in enumerate(ids):
-            for t, v in zip(duty[rid]["t"], duty[rid]["duty"]):
-                if v is not None and t >= 0:
-                    grid[i, min(n - 1, int(t))] = v
+        ids, grid = duty_grid(duty, ts["seconds"])
         fig, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * len(ids)))
         cmap = matplotlib.colormaps["viridis"].copy()
         cmap.set_bad("#eeeeee")
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        # column i is second [i, i + 1): the extent puts it there on the shared axis
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest",
+                       extent=(0, ts["seconds"], len(ids) - 0.5, -0.5))
+        ax.set_xlim(*span)
         ax.set_yticks(range(len(ids)), [f"{rid} ({duty[rid]['slice']})" for rid in ids])
         ax.set(xlabel="seconds since start", title="Duty cycle of each replica's slice (grey: not running)")
         ax.grid(False)
@@ -165,11 +169,34 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
         if ts["slo_ms"] is not None:
             axes[0].axhline(ts["slo_ms"], color=COLORS["slo"], ls=":", lw=1, label="SLO")
         axes[0].set(yscale="log", ylabel="p95 latency (ms, log)", title="Side by side")
+        axes[1].set_xlim(0, max(ts["seconds"], ots["seconds"]))  # the longer run's axis, both from their start
         axes[1].set(xlabel="seconds since start", ylabel="replicas (ready + starting)")
         axes[0].legend(loc="upper right")
         axes[1].legend(loc="upper right")
         save("compare", fig)
     return charts
+
+
+def time_axis(ts: dict[str, Any]) -> tuple[float, float]:
+    """The one x-range of every chart over time: the run's start to its end, in seconds."""
+    return 0.0, float(ts["seconds"])
+
+
+def duty_grid(duty: dict[str, dict[str, Any]], seconds: int) -> tuple[list[str], np.ndarray]:
+    """Replica ids (by first sample) and their duty per second of the run: one column per second,
+    the last sample in it; NaN where the replica was not sampled (not running, or outside the run)."""
+    ids = sorted(duty, key=lambda r: duty[r]["t"][0])
+    grid = np.full((len(ids), seconds), np.nan)
+    for i, rid in enumerate(ids):
+        for t, v in zip(duty[rid]["t"], duty[rid]["duty"]):
+            if v is not None and 0 <= t < seconds:
+                grid[i, int(t)] = v
+    return ids, grid
+
+
+def _seconds(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """A per-second series as steps over [0, n]: the last value repeated so its second is drawn whole."""
+    return np.arange(len(values) + 1), np.array([*values, values[-1]] if values else [0])
 
 
 def _nan(values: list) -> np.ndarray:

@@ -1,12 +1,38 @@
-"""Small ASGI helpers shared by the replica and the gateway."""
+"""The ASGI edge every Shoal server shares: reading a bounded body and writing a response.
+
+The replica, the gateway, shoal up's server and the cluster roles answer through
+`send_response` and `send_error`, so an error looks the same wherever it comes from: the
+status, headers and `{"error": "..."}` body of serving/protocol/errors.py's table.
+"""
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
-from serving.protocol.errors import ClientDisconnected, PayloadTooLarge
+from serving.protocol.errors import ClientDisconnected, PayloadTooLarge, error_response
 
 Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+JSON = b"application/json"
+
+
+async def send_response(send: Send, status: int, body: bytes, content_type: bytes | None = JSON,
+                        headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """One whole response: status, Content-Type (None: `headers` carry their own, as a proxied
+    answer does), Content-Length, `headers`, then the body."""
+    out = [(b"content-length", str(len(body)).encode()), *headers]
+    if content_type is not None:
+        out.insert(0, (b"content-type", content_type))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, exc: BaseException) -> int:
+    """Answer `exc` as the error table says; the status, for the caller's metrics."""
+    status, headers, body = error_response(exc)
+    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send_response(send, status, body, JSON, encoded)
+    return status
 
 
 async def read_body(receive: Receive, limit: int, declared: str | None = None) -> bytes:

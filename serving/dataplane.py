@@ -170,7 +170,7 @@ class DataPlane:
 
     async def predict_v1(self, name: str, body: Any, headers: dict[str, str]) -> Any:
         model = self.check_model(name)
-        if not isinstance(body, dict):
+        if not isinstance(body, dict) and not model.v1_any_json:
             raise InvalidInput(f"V1 request must be a JSON object with 'instances', got {type(body).__name__}")
         if model.has_native_v1:
             # through the same queue as V2: one limit, one timeout, one set of metrics
@@ -188,7 +188,7 @@ class DataPlane:
 class NativeV1Call:
     """A V1 body for a model that answers V1 itself (a Nuclio handler, a KServe model)."""
 
-    body: dict[str, Any]
+    body: Any
     headers: dict[str, str]
 
 

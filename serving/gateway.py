@@ -39,10 +39,10 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from functions.spec import LIMITS
-from serving.asgi import read_body
+from serving.asgi import read_body, send_error, send_response
 from serving.metrics import LATENCY_BUCKETS_S
-from serving.protocol.codec import error_body
 from serving.protocol.errors import (
+    BadGateway,
     ClientDisconnected,
     InferenceError,
     InferenceTimeout,
@@ -50,20 +50,9 @@ from serving.protocol.errors import (
     ModelNotFound,
     Overloaded,
     RouteNotFound,
-    message_of,
-    status_of,
+    Unavailable,
 )
 from serving.upstream import HOP_BY_HOP, UpstreamPool, UpstreamUnavailable
-
-
-class Unavailable(InferenceError):
-    """The function cannot serve right now (its replica failed to start)."""
-
-    status = 503
-
-    def __init__(self, message: str, retry_after_s: float = 5.0):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 log = logging.getLogger("shoal.gateway")
 
@@ -267,16 +256,11 @@ class Gateway:
             label = function
             status, out_headers, body = await self._dispatch(scope, receive, function, headers, start)
         except Exception as exc:
-            status = status_of(exc)
-            if status >= 500 and not isinstance(exc, InferenceError):
+            if not isinstance(exc, InferenceError):
                 log.exception("gateway error on %s", scope["path"])
-            out_headers = [(b"content-type", b"application/json")]
-            if getattr(exc, "retry_after_s", None):
-                out_headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
-            body = error_body(message_of(exc))
-        out_headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        await send({"type": "http.response.body", "body": body})
+            status = await send_error(send, exc)
+        else:
+            await send_response(send, status, body, None, out_headers)  # the replica's own Content-Type
         self.metrics.count(label, status, self._clock() - start)
 
     async def _dispatch(self, scope, receive, function, headers, start):
@@ -413,12 +397,6 @@ class Gateway:
             m.labels(function, "first_inference").observe(service_s)
             parts.append(f"first_inference={service_s:.4f}")
         return ", ".join(parts)
-
-
-class BadGateway(InferenceError):
-    """The replica failed while answering."""
-
-    status = 502
 
 
 def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:

@@ -5,7 +5,8 @@
 
 The HTTP adapter is a plain ASGI app on uvicorn (httptools, uvloop): a thin
 layer that reads bodies with a size limit, calls the DataPlane and maps its
-exceptions to statuses with the table in serving/protocol/errors.py. It binds
+exceptions to statuses with the table in serving/protocol/errors.py (written by
+serving/asgi.py's `send_error`, as every Shoal server does). It binds
 127.0.0.1 unless told otherwise, is live as soon as it listens, ready once the
 model has loaded, and on SIGTERM stops accepting, finishes in-flight requests
 and exits.
@@ -26,14 +27,13 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from functions.spec import LIMITS, BatchingSpec, ServingLimits, SliceRequest, SpecError, validate_name
-from serving.asgi import read_body
+from serving.asgi import JSON, read_body, send_error, send_response
 from serving.executor import SliceExecutor, apply_binding, bind_slice, parse_cpus
 from serving.protocol.codec import (
     binary_output_names,
     decode_infer_request,
     dumps,
     encode_infer_response,
-    error_body,
     parse_header_length,
     parse_json,
 )
@@ -51,7 +51,6 @@ from serving.protocol.errors import (
 
 log = logging.getLogger("shoal.replica")
 
-JSON = b"application/json"
 OCTET = b"application/octet-stream"
 DEFAULT_MAX_BODY_BYTES = LIMITS.max_body_bytes
 
@@ -101,11 +100,10 @@ class ReplicaApp:
             if path.startswith("/v1/models/") and path.endswith(":predict"):
                 return await self._predict_v1(scope, receive, send, path)
             await self._get(method, path, send)
-        except InferenceError as exc:
-            await _send_error(send, exc)
         except Exception as exc:  # never let a bug kill the connection without an answer
-            log.exception("unhandled error on %s %s", method, path)
-            await _send_error(send, exc)
+            if not isinstance(exc, InferenceError):
+                log.exception("unhandled error on %s %s", method, path)
+            await send_error(send, exc)
 
     async def _get(self, method: str, path: str, send: Send) -> None:
         route = _route_get(path)
@@ -138,7 +136,7 @@ class ReplicaApp:
     async def _metrics(self, send: Send) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        await _send(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
+        await send_response(send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode())
 
     # ------------------------------------------------------------------ inference
 
@@ -197,9 +195,9 @@ class ReplicaApp:
             status = status_of(exc)
             if status >= 500:
                 log.warning("%s: %s", status, message_of(exc))
-            await _send_error(send, exc)
+            await send_error(send, exc)
         else:
-            await _send(send, status, payload, content_type, extra)
+            await send_response(send, status, payload, content_type, extra)
         finally:
             m.inflight.dec()
         m.request_duration.observe(time.perf_counter() - start)
@@ -259,24 +257,8 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-async def _send(send: Send, status: int, body: bytes, content_type: bytes, extra: tuple = ()) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 async def _send_json(send: Send, status: int, doc: Any) -> None:
-    await _send(send, status, dumps(doc), JSON)
-
-
-async def _send_error(send: Send, exc: BaseException) -> None:
-    extra: tuple = ()
-    retry = getattr(exc, "retry_after_s", None)
-    if retry:
-        extra = ((b"retry-after", str(max(1, round(retry))).encode()),)
-    if isinstance(exc, MethodNotAllowed):
-        extra = ((b"allow", exc.allow.encode()),)
-    await _send(send, status_of(exc), error_body(message_of(exc)), JSON, extra)
+    await send_response(send, status, dumps(doc), JSON)
 
 
 # ---------------------------------------------------------------------- process

@@ -58,8 +58,11 @@ class Replica:
     url: str
     banner: str
     stderr_path: Path
+    _stderr_kept: str | None = None
 
     def stderr_text(self) -> str:
+        if self._stderr_kept is not None:
+            return self._stderr_kept
         return self.stderr_path.read_text(errors="replace")
 
     @property
@@ -67,40 +70,63 @@ class Replica:
         return self.url.removeprefix("http://")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        return stop_process(self.proc, sig, timeout)
+        """Stop the process; its stderr stays readable (stderr_text) but its file is removed."""
+        code = stop_process(self.proc, sig, timeout)
+        if self._stderr_kept is None:
+            self._stderr_kept = _take(self.stderr_path)
+        return code
+
+
+def _take(path: Path) -> str:
+    """A file's text, removing the file."""
+    try:
+        text = path.read_text(errors="replace")
+        path.unlink()
+    except FileNotFoundError:
+        return ""
+    return text
 
 
 def start_replica(artifact: Path | str, *args: str, ready_timeout: float = 60.0, wait_ready: bool = True) -> Replica:
-    """Start `python -m serving.replica` on a free loopback port; wait until ready."""
+    """Start `python -m serving.replica` on a free loopback port; wait until ready. Its stderr
+    file is removed by `Replica.stop()`, or here when it fails to start."""
     # stderr goes to a file, not a pipe nobody drains (a full pipe would block the replica)
-    stderr_path = Path(tempfile.mkstemp(prefix="replica-", suffix=".err")[1])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serving.replica", str(artifact), "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=open(stderr_path, "w"), text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    fd, name = tempfile.mkstemp(prefix="replica-", suffix=".err")
+    stderr_path = Path(name)
+    with os.fdopen(fd, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "serving.replica", str(artifact), "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     banner = _readline(proc, 60)
     if "listening on" not in banner:
-        proc.kill()
-        proc.wait(30)
-        raise RuntimeError(f"replica did not start (rc={proc.returncode}): {banner}{stderr_path.read_text()}")
+        stop_process(proc, signal.SIGKILL, 30)
+        raise RuntimeError(f"replica did not start (rc={proc.returncode}): {banner}{_take(stderr_path)}")
     url = banner.split("listening on ", 1)[1].split()[0]
-    assert url.startswith("http://127.0.0.1:"), f"a replica must bind loopback by default: {banner}"
     replica = Replica(proc, url, banner, stderr_path)
-    if wait_ready:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"replica exited rc={proc.returncode}: {stderr_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                    return replica
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+    if not url.startswith("http://127.0.0.1:"):
         replica.stop(signal.SIGKILL)
-        raise RuntimeError("replica did not become ready in time")
+        raise AssertionError(f"a replica must bind loopback by default: {banner}")
+    if wait_ready:
+        _wait_ready(replica, ready_timeout)
     return replica
+
+
+def _wait_ready(replica: Replica, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if replica.proc.poll() is not None:
+            replica.stop()
+            raise RuntimeError(f"replica exited rc={replica.proc.returncode}: {replica.stderr_text()}")
+        try:
+            if httpx.get(f"{replica.url}/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    replica.stop(signal.SIGKILL)
+    raise RuntimeError("replica did not become ready in time")
 
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:

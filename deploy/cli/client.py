@@ -161,6 +161,11 @@ class Shoal:
         path = f"/v1/models/{name}:predict" if "instances" in body else f"/v2/models/{name}/infer"
         return self.http.post(path, json=body)
 
+    def invoke_json(self, name: str, body: Any) -> httpx.Response:
+        """Send any JSON value as it is on the V1 route, where a Python handler gets it as
+        Nuclio's `event.body` (and a KServe custom model as its payload); the HTTP response."""
+        return self.http.post(f"/v1/models/{name}:predict", json=body)
+
     def infer(self, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from serving.protocol.datatypes import v2_datatype
 

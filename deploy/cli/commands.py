@@ -169,24 +169,40 @@ def events(argv: list[str]) -> int:
 def invoke(argv: list[str]) -> int:
     p = _common(argparse.ArgumentParser(prog="shoal invoke", description="Send one request through the gateway."))
     p.add_argument("name")
-    p.add_argument("--data", required=True, help="a V2 body ({\"inputs\": ...}), a V1 body ({\"instances\": ...}), or @FILE")
+    body = p.add_mutually_exclusive_group(required=True)
+    body.add_argument("--data", help="a V2 body ({\"inputs\": ...}) or a V1 body ({\"instances\": ...}), or @FILE")
+    body.add_argument("--json", dest="event", metavar="JSON",
+                      help="any JSON, or @FILE, sent as it is: a Python handler gets it as event.body (Nuclio's form)")
     args = p.parse_args(argv)
-    text = Path(args.data[1:]).read_text() if args.data.startswith("@") else args.data
+    flag, given = ("--data", args.data) if args.data is not None else ("--json", args.event)
+    text = Path(given[1:]).read_text() if given.startswith("@") else given
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
-        print(f"shoal invoke: --data is not JSON: {exc}", file=sys.stderr)
+        print(f"shoal invoke: {flag} is not JSON: {exc}", file=sys.stderr)
+        return 2
+    if flag == "--data" and not (isinstance(body, dict) and {"inputs", "instances"} & body.keys()):
+        print("shoal invoke: --data is a V2 body with 'inputs' or a V1 body with 'instances'; "
+              "send other JSON to a handler (as its event.body) with --json", file=sys.stderr)
         return 2
 
     def run(client: Shoal, args) -> int:
-        response = client.invoke(args.name, body)
+        response = client.invoke(args.name, body) if flag == "--data" else client.invoke_json(args.name, body)
         cold = response.headers.get("shoal-cold-start")
         if cold:
             print(f"# cold start: {cold}", file=sys.stderr)
-        print(json.dumps(response.json(), indent=2))
+        print(_shown(response))
         return 0 if response.status_code == 200 else 1
 
     return _run(run, args)
+
+
+def _shown(response) -> str:
+    """A response body to print: indented JSON, else its text (a handler may answer text)."""
+    try:
+        return json.dumps(response.json(), indent=2)
+    except ValueError:
+        return response.text
 
 
 def top(argv: list[str]) -> int:

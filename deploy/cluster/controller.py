@@ -340,10 +340,11 @@ def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[
 
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+    from serving.asgi import send_error, send_response
+    from serving.protocol.errors import InvalidInput, RouteNotFound
+
     async def send(send_, status: int, body: bytes, ctype: bytes = b"text/plain") -> None:
-        await send_({"type": "http.response.start", "status": status,
-                     "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
-        await send_({"type": "http.response.body", "body": body})
+        await send_response(send_, status, body, ctype)
 
     async def app(scope, receive, send_):
         if scope["type"] != "http":
@@ -362,7 +363,7 @@ def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[
             q = parse_qs(scope.get("query_string", b"").decode())
             function = (q.get("function") or [""])[0]
             if not function:
-                return await send(send_, 400, b"POST /poke?function=NAME&held=N")
+                return await send_error(send_, InvalidInput("POST /poke needs ?function=NAME (and &held=N)"))
             try:
                 held = int((q.get("held") or ["1"])[0])
             except ValueError:
@@ -370,7 +371,7 @@ def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[
             ctl.poke(function, held)
             wake.set()
             return await send(send_, 202, b"poked")
-        await send(send_, 404, b"not found")
+        await send_error(send_, RouteNotFound(f"no route for {path!r}"))
 
     return app
 

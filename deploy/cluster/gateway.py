@@ -27,6 +27,8 @@ from deploy.cluster.backend import as_dict, items_of
 from deploy.cluster.configmaps import FUNCTION_KIND_LABEL
 from deploy.cluster.manifests.render import FUNCTION_LABEL
 from functions.spec import LIMITS, MAX_TIMEOUT_S
+from serving.asgi import send_error, send_response
+from serving.protocol.errors import RouteNotFound, Unavailable
 
 log = logging.getLogger("shoal.k8s.gateway")
 
@@ -191,11 +193,7 @@ def api_proxy(controller_url: str):
             request = client.build_request(scope["method"], target, headers=headers, content=body())
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            data = json.dumps({"error": f"the control API (controller) is unreachable: {exc}"}).encode()
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                (b"retry-after", b"5")]})
-            return await send({"type": "http.response.body", "body": data})
+            return await send_error(send, Unavailable(f"the control API (controller) is unreachable: {exc}"))
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()
@@ -214,11 +212,6 @@ def build_app(gateway: Any, registry: Any, sync: EndpointSync, api: Any = None):
     health, /v1/models and /metrics here."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    async def send(send_, status: int, body: bytes, ctype: bytes = b"application/json") -> None:
-        await send_({"type": "http.response.start", "status": status,
-                     "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
-        await send_({"type": "http.response.body", "body": body})
-
     async def app(scope, receive, send_):
         if scope["type"] != "http":
             return
@@ -228,14 +221,14 @@ def build_app(gateway: Any, registry: Any, sync: EndpointSync, api: Any = None):
         if path.startswith("/api/") and api is not None:
             return await api(scope, receive, send_)
         if path == "/metrics":
-            return await send(send_, 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode())
+            return await send_response(send_, 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode())
         if path == "/v2/health/live":
-            return await send(send_, 200, b'{"live": true}')
+            return await send_response(send_, 200, b'{"live": true}')
         if path == "/v2/health/ready":
-            return await send(send_, 200, b'{"ready": true}')
+            return await send_response(send_, 200, b'{"ready": true}')
         if path == "/v1/models":
-            return await send(send_, 200, json.dumps({"models": sorted(sync.functions)}).encode())
-        await send(send_, 404, json.dumps({"error": f"no route for {path!r}"}).encode())
+            return await send_response(send_, 200, json.dumps({"models": sorted(sync.functions)}).encode())
+        await send_error(send_, RouteNotFound(f"no route for {path!r}"))
 
     return app
 

@@ -42,8 +42,9 @@ from functions.registry import FunctionRecord, Registry
 from functions.spec import LIMITS, FunctionSpec
 from serving import __version__
 from serving.gateway import Gateway, GatewayConfig
-from serving.protocol.codec import dumps, error_body
-from serving.protocol.errors import InferenceError
+from serving.asgi import send_error, send_response
+from serving.protocol.codec import dumps
+from serving.protocol.errors import InferenceError, RouteNotFound
 
 log = logging.getLogger("shoal.up")
 
@@ -168,12 +169,7 @@ class ControlPlane:
         self.controller.poke(function)
 
     def _authorize_inference(self, headers: dict[bytes, bytes]) -> InferenceError | None:
-        denied = check_token(headers.get(b"authorization", b"").decode("latin-1") or None, self.token)
-        if denied is None:
-            return None
-        error = InferenceError(denied.message)
-        error.status = denied.status
-        return error
+        return check_token(headers.get(b"authorization", b"").decode("latin-1") or None, self.token)
 
     # ------------------------------------------------------------------ registry operations
 
@@ -239,20 +235,20 @@ class ControlPlane:
         if path.startswith(("/v2/models/", "/v1/models/")):
             return await self.gateway.handle(scope, receive, send)
         if path == "/metrics":
-            return await _send(send, 200, generate_latest(self.metrics), CONTENT_TYPE_LATEST.encode())
+            return await send_response(send, 200, generate_latest(self.metrics), CONTENT_TYPE_LATEST.encode())
         if path == "/v2/health/live":
-            return await _send(send, 200, dumps({"live": True}))
+            return await send_response(send, 200, dumps({"live": True}))
         if path == "/v2/health/ready":
-            return await _send(send, 200, dumps({"ready": True}))
+            return await send_response(send, 200, dumps({"ready": True}))
         if path in ("/v2", "/v2/"):
-            return await _send(send, 200, dumps({"name": "shoal", "version": __version__,
-                                                 "extensions": ["binary_tensor_data"]}))
+            return await send_response(send, 200, dumps({"name": "shoal", "version": __version__,
+                                                         "extensions": ["binary_tensor_data"]}))
         if path == "/v1/models":
             denied = self.gateway.denied(dict(scope["headers"]))
             if denied is not None:  # with --auth-inference the list of functions is not public either
-                return await _send(send, denied.status, error_body(denied.message))
-            return await _send(send, 200, dumps({"models": sorted(self.source.functions())}))
-        await _send(send, 404, error_body(f"no route for {path!r}"))
+                return await send_error(send, denied)
+            return await send_response(send, 200, dumps({"models": sorted(self.source.functions())}))
+        await send_error(send, RouteNotFound(f"no route for {path!r}"))
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -274,12 +270,6 @@ def _cold_count(registry: CollectorRegistry, function: str) -> int:
     """Cold starts: replicas started while requests waited (one spawn phase each)."""
     value = registry.get_sample_value("shoal_cold_start_seconds_count", {"function": function, "phase": "spawn"})
     return int(value or 0)
-
-
-async def _send(send, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,8 @@ class Model(abc.ABC):
     emulated: bool = False
     # V1 `predictions` come from this output when set (else one dict per row).
     v1_output: str | None = None
+    # A native V1 model that takes any JSON value, not only an object (Nuclio's event.body).
+    v1_any_json: bool = False
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         self.name = name
@@ -57,7 +59,7 @@ class Model(abc.ABC):
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one (possibly batched) inference; called on the executor thread."""
 
-    def predict_v1(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    def predict_v1(self, body: Any, headers: dict[str, str]) -> Any:
         """Answer a V1 body natively; models that do not raise NotImplementedError."""
         raise NotImplementedError
 

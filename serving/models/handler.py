@@ -4,8 +4,9 @@
 The handler gets Nuclio's own SDK objects (nuclio_sdk.Context, Event, Response),
 so a function written for Nuclio runs unchanged:
 
-- V1 (`/v1/models/N:predict`): `event.body` is the parsed JSON body, as Nuclio
-  gives a JSON request; whatever the handler returns (dict, list, str, a
+- V1 (`/v1/models/N:predict`): `event.body` is the parsed JSON body, any JSON
+  value (object, list, string, number), as Nuclio gives a JSON request (`shoal
+  invoke N --json ...` and the SDK's `invoke_json` send there); whatever the handler returns (dict, list, str, a
   `(status, body)` tuple or `context.Response`) is converted the way Nuclio does.
 - V2 (`/v2/models/N/infer`): `event.body` is `{input name: numpy array}`; the
   handler returns `{output name: array-like}`.
@@ -27,20 +28,13 @@ import numpy as np
 from serving.models.base import LoadError, LoadOptions, Model, parse_tensor_specs
 from serving.models.usercode import load_module
 from serving.protocol.datatypes import numpy_dtype, v2_datatype
-from serving.protocol.errors import InferenceError, ModelError
+from serving.protocol.errors import ModelError, StatusError
 from serving.protocol.types import RawBody, TensorSpec
-
-
-class HandlerStatus(InferenceError):
-    """The handler answered with a non-2xx status of its own."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class HandlerModel(Model):
     platform = "nuclio_python"
+    v1_any_json = True
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         super().__init__(name, path, options)
@@ -80,14 +74,14 @@ class HandlerModel(Model):
         output = self._call(self.handler, self.context, _event_for_tensors(inputs))
         status, output = _status_and_body(output)
         if status >= 400:
-            raise HandlerStatus(status, f"handler answered {status}: {output!r}")
+            raise StatusError(status, f"handler answered {status}: {output!r}")
         if not isinstance(output, dict):
             raise ModelError(
                 f"on V2 the handler must return {{output name: array}}, got {type(output).__name__}"
             )
         return {str(k): _as_array(v, k, self.outputs) for k, v in output.items()}
 
-    def predict_v1(self, body: dict[str, Any], headers: dict[str, str]) -> RawBody:
+    def predict_v1(self, body: Any, headers: dict[str, str]) -> RawBody:
         """Nuclio semantics end to end: the handler's answer becomes the HTTP response
         (status, content type, headers, body) exactly as Nuclio's processor makes it."""
         import nuclio_sdk

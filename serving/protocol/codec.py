@@ -382,7 +382,3 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, bytes):
         return obj.decode("utf-8", "replace")
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
-
-
-def error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})

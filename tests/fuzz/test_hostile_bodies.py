@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import start_replica, stop_process
+from tests.conftest import start_replica
 
 pytestmark = pytest.mark.integration
 
@@ -43,4 +43,4 @@ def test_gzip_bomb_is_refused_without_inflating_it(digits_onnx, bomb):
         assert ok.status_code == 200  # and it still serves
         print(f"gzip bomb: {r.status_code} in {elapsed:.2f} s, replica RSS grew {grown / 2**20:.0f} MiB")
     finally:
-        assert stop_process(replica.proc, 15, 30) == 0
+        assert replica.stop(15, 30) == 0

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import start_plane, start_replica, stop_process
+from tests.conftest import start_plane, start_replica
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -64,7 +64,7 @@ def test_replica_answers_no_5xx(digits_onnx):
     try:
         sent, errors = fuzz(replica.url)
     finally:
-        assert stop_process(replica.proc, 15, 30) == 0
+        assert replica.stop(15, 30) == 0
     print(f"schemathesis on a replica: {sent} cases, {len(errors)} 5xx")
     assert sent >= 1000, sent
     assert errors == []

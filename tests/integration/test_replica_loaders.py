@@ -1,13 +1,15 @@
 """Every loader behind a real replica: a Nuclio-style handler and a KServe custom model
 called the same way as the ONNX model (tritonclient and KServe's REST client),
 scikit-learn pickles only with --trust, the emulated profile, TorchScript, and
-graceful shutdown on SIGTERM."""
+graceful shutdown on SIGTERM; a stopped replica leaves no stderr file behind."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import signal
+import tempfile
 import threading
 import time
 
@@ -17,7 +19,7 @@ import pytest
 import tritonclient.http as triton
 
 from functions.examples.digits import digits_data
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, start_replica
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +91,53 @@ def test_handler_status_is_kept(replica_factory):
     replica = replica_factory(EXAMPLES / "digits_handler.py", "--name", "digits")
     r = httpx.post(f"{replica.url}/v1/models/digits:predict", json={"instances": []})
     assert r.status_code == 400 and "no instances" in r.json()["error"]
+
+
+ECHO_HANDLER = """
+import numpy as np
+
+def handler(context, event):
+    if isinstance(event.body, dict) and all(isinstance(v, np.ndarray) for v in event.body.values()) and event.body:
+        return {"y": event.body["x"] * 2}  # V2: {input name: array}
+    return {"got": event.body, "type": type(event.body).__name__}
+"""
+
+
+def _invoke(replica, *argv: str) -> int:
+    from deploy.cli.commands import invoke
+
+    # the replica serves the same paths the gateway forwards unchanged
+    return invoke(["echo", *argv, "--url", replica.url, "--token", "unused"])
+
+
+@pytest.fixture
+def echo(tmp_path, replica_factory):
+    handler = tmp_path / "echo.py"
+    handler.write_text(ECHO_HANDLER)
+    return replica_factory(handler, "--name", "echo")
+
+
+@pytest.mark.parametrize("sent, printed", [
+    ('{"text": "hi"}', {"got": {"text": "hi"}, "type": "dict"}),
+    ('[1, 2]', {"got": [1, 2], "type": "list"}),
+    ('"hi"', {"got": "hi", "type": "str"}),
+], ids=["object", "list", "string"])
+def test_shoal_invoke_json_reaches_a_handler_as_event_body(echo, capsys, sent, printed):
+    assert _invoke(echo, "--json", sent) == 0
+    assert json.loads(capsys.readouterr().out) == printed
+
+
+def test_shoal_invoke_data_still_sends_v2_tensors_to_a_handler(echo, capsys):
+    assert _invoke(echo, "--data", '{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}') == 0
+    assert json.loads(capsys.readouterr().out)["outputs"][0]["data"] == [2.0, 4.0]  # [1, 2] * 2
+
+
+@pytest.mark.parametrize("data", ['{"text": "hi"}', '[1, 2]'], ids=["plain-object", "list"])
+def test_shoal_invoke_data_without_tensors_is_refused_with_a_hint(capsys, data):
+    from deploy.cli.commands import invoke
+
+    assert invoke(["echo", "--data", data, "--url", "http://127.0.0.1:9"]) == 2  # nothing is sent
+    assert "send other JSON to a handler (as its event.body) with --json" in capsys.readouterr().err
 
 
 def test_handler_validates_declared_inputs(replica_factory):
@@ -205,6 +254,28 @@ def test_load_failure_exits_with_reason(tmp_path, replica_factory):
     replica = replica_factory(fake, "--name", "fake", wait_ready=False)
     assert replica.proc.wait(30) == 3
     assert "is not a loadable ONNX model" in replica.stderr_text()
+
+
+def test_a_stopped_replica_leaves_no_stderr_file_but_keeps_its_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where start_replica's file goes
+    (tmp_path / "tmp").mkdir()
+    fake = tmp_path / "fake.onnx"
+    fake.write_bytes(b"this is not onnx")
+    replica = start_replica(fake, "--name", "fake", wait_ready=False)
+    assert replica.proc.wait(30) == 3 and replica.stderr_path.parent == tmp_path / "tmp"
+    assert replica.stop() == 3
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert "is not a loadable ONNX model" in replica.stderr_text()
+
+
+def test_a_replica_that_fails_to_start_leaves_no_stderr_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fake = tmp_path / "fake.onnx"
+    fake.write_bytes(b"this is not onnx")
+    with pytest.raises(RuntimeError, match="is not a loadable ONNX model"):
+        start_replica(fake, "--name", "fake")
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_torchscript(tmp_path, replica_factory):
