@@ -30,10 +30,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from autoscaler.controller import Controller, ControllerConfig
+from autoscaler.replicas import Controller, ControllerConfig
 from autoscaler.metrics import parse_replica_metrics
 from autoscaler.placement import Inventory, parse_devices
-from autoscaler.prometheus import PrometheusSource
+from autoscaler.sources.promql import PrometheusSource
 from deploy.api import check_token, create_api, write_artifact
 from deploy.local.backend import LocalBackend
 from deploy.local.inventory import discover_gpus, memory_mib, usable_cpus

@@ -1,6 +1,6 @@
 """Prometheus as the metrics source, for real: Debian's `prometheus` on loopback scrapes
 the replicas of a local `shoal up`, and the controller's view of them through PromQL
-(`autoscaler.prometheus.PrometheusSource`) is the view it gets from scraping them
+(`autoscaler.sources.promql.PrometheusSource`) is the view it gets from scraping them
 itself: the same counters, and the same decisions from `decide()` over two windows.
 
 Skipped when /usr/bin/prometheus is missing (`apt-get install prometheus`), unless
@@ -23,11 +23,11 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, Replica
+from autoscaler.replicas import Controller, Replica
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Inventory
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from autoscaler.prometheus import PrometheusSource
+from autoscaler.sources.promql import PrometheusSource
 from deploy.local.server import HttpScraper
 from functions.examples.digits import digits_data
 from functions.spec import ScalingSpec

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, ControllerConfig, Replica
+from autoscaler.replicas import Controller, ControllerConfig, Replica
 from autoscaler.metrics import ReplicaStat, parse_replica_metrics
 from autoscaler.placement import Inventory
 from functions.spec import (

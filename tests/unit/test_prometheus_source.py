@@ -22,10 +22,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, Replica
+from autoscaler.replicas import Controller, Replica
 from autoscaler.metrics import ReplicaStat, advance_window, duty_cycle, parse_replica_metrics, request_rate
 from autoscaler.placement import Inventory
-from autoscaler.prometheus import PrometheusSource, replica_query, stat_from_query
+from autoscaler.sources.promql import PrometheusSource, replica_query, stat_from_query
 from deploy.local.server import build_parser, metrics_source_url
 
 RECORDED = Path(__file__).parent / "recorded"
