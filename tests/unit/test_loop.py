@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.loop import Loop, Memory
+from autoscaler.loop import Loop, Memory, Target
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Device, Inventory
+from autoscaler.policy import ScaleDecision
 from autoscaler.replicas import ControllerConfig
 from autoscaler.sources.promql import cluster_queries
 from deploy.cluster.backend import KubernetesBackend
@@ -99,10 +100,11 @@ class Local:
     """shoal up: the loop `ControlPlane` runs, ticked as `Loop.run` ticks it."""
 
     def __init__(self) -> None:
-        self.clock, self.gateway = Clock(), _Gateway()
+        self.clock, self.gateway, self.events = Clock(), _Gateway(), []
         cpus = [Device(f"cpu:{i}", "cpu", 16384, cpus=(2 * i, 2 * i + 1)) for i in range(2)]  # 8 slices of 1/4
         self.loop = control_loop(_Functions(), _Backend(), self.gateway, Inventory(tuple(cpus)),
-                                 _Scraper(self.clock, self.gateway), lambda *a, **k: None, CollectorRegistry(),
+                                 _Scraper(self.clock, self.gateway), lambda *a, **k: self.events.append(a),
+                                 CollectorRegistry(),
                                  ControllerConfig())
         self.loop.scaler.clock = self.clock
         self.runner = asyncio.new_event_loop()
@@ -219,3 +221,22 @@ def test_batch_latencies_are_learned_per_slice(table, slice_now, window, expecte
     memory = Memory(batch={"f": (0.25, table)})
     assert memory.learn("f", slice_now, window) == expected
     assert memory.batch["f"] == (slice_now, expected)
+
+
+def test_a_slice_hint_reaches_the_next_snapshot_and_drops_the_batch_table():
+    """shoal up starts new replicas on the slice the policy hints (1/4 -> 1/2); the batch
+    latencies learned on 1/4 say nothing of 1/2, so the loop's next look starts afresh."""
+    local = Local()
+    spec = spec_from_dict(SPEC)
+    local.loop.memory.batch["digits"] = (0.25, ((1.0, 0.004), (7.6, 0.0059)))
+    hint = ScaleDecision(0, "SLICE", "duty 0.90 on a 0.25 slice -> 0.5", slice_fraction=0.5)
+    try:
+        changed = local.runner.run_until_complete(local.loop.scaler.apply({"digits": Target(spec, 1, 0, hint)},
+                                                                          frozenset()))
+        local.load(0, 0)
+        local.tick()
+    finally:
+        local.close()
+    assert changed == {} and [e[0] for e in local.events] == ["slice"]  # 0 -> 0 replicas: no scale
+    assert local.loop.snapshots["digits"].slice_fraction == 0.5
+    assert local.loop.memory.batch["digits"] == (0.5, ())
