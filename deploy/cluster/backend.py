@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from autoscaler.loop import Fleet, Target
 from deploy.cluster.manifests.labels import FUNCTION_LABEL, MANAGED, PART
 from deploy.cluster.manifests.render import Artifact, Cluster, render_function
 from functions.spec import FunctionSpec
@@ -422,3 +423,41 @@ def items_of(listing: Any) -> list[Any]:
     if isinstance(listing, dict):
         return listing.get("items") or []
     return list(getattr(listing, "items", None) or [])
+
+
+# ---------------------------------------------------------------------- the loop's Scaler
+
+
+class KubernetesScaler:
+    """The control loop's Scaler on a cluster: Deployments observed, every function's count
+    applied at once by `KubernetesBackend.reconcile` (a plan over all of them: one left out
+    would be deleted), and only while this controller still holds the Lease (a slow tick may
+    have lost it)."""
+
+    def __init__(self, backend: KubernetesBackend, artifact: Callable[[FunctionSpec], Artifact],
+                 lease: str = "shoal-controller", lease_s: float = 15.0):
+        self.backend, self.artifact, self.lease, self.lease_s = backend, artifact, lease, lease_s
+        self.observed: dict[str, Observed] = {}
+        self.applied: list[str] = []
+        self.lost_lease = False
+
+    def observe(self, functions: dict[str, tuple[FunctionSpec, int]]) -> dict[str, Fleet]:
+        self.observed = self.backend.observe()
+        return {name: Fleet(seen.replicas, seen.ready) for name, seen in self.observed.items()}
+
+    def slice_for(self, spec: FunctionSpec) -> float:
+        return float(spec.slice.fraction)  # a new slice is a new revision of the Deployment
+
+    async def apply(self, targets: dict[str, Target], keep: frozenset[str]) -> dict[str, int]:
+        desired = {name: Desired(t.spec, t.revision, t.desired, self.artifact(t.spec)) for name, t in targets.items()}
+        self.applied = []
+        self.lost_lease = not self.backend.lead(self.lease, self.lease_s)
+        if self.lost_lease:
+            return {}
+        self.applied = self.backend.reconcile(desired, keep).applied
+        changed = {}
+        for action in self.applied:
+            verb, name = action.split(" ")[:2]
+            if verb in ("scale", "create"):
+                changed[name] = self.observed[name].replicas if name in self.observed else 0
+        return changed

@@ -1,193 +1,27 @@
-"""The controller on a cluster: functions from ConfigMaps, metrics from Prometheus (PromQL), the
-same `decide()` as `shoal up`, and the Kubernetes backend to make it so.
-
-One tick, while this controller holds the Lease:
-1. read the functions (ConfigMaps labelled `shoal.dev/kind=function`: the spec as JSON and its
-   revision, written by the control API);
-2. observe their Deployments (desired and ready replicas);
-3. ask Prometheus, per function, for what the policy needs (`cluster_queries`): request rate,
-   the duty cycle of each replica's slice, p95 latency and the latency histogram (the share of
-   requests over the function's SLO, for the error budget), requests inside replicas and held
-   at the gateway's activator, executor seconds per request, batches run (the batch latencies
-   the controller learns, as `shoal up` does), and the cold start last measured on the cluster
-   (`ColdStarts`, from the Deployments' ready counts); build the `MetricsSnapshot`
-   (`snapshot_from_results`, pure), whose rates were measured over the query window (the
-   burst view compares rates of windows that do not overlap);
-4. `decide()`, then `KubernetesBackend.reconcile()` with every function's desired count.
-
-A follower does nothing but try for the Lease. Prometheus being unreachable is not zero load: a
-function whose metrics cannot be read keeps its replica count this tick.
+"""The controller on a cluster: the control loop of `shoal up` (autoscaler.loop) with functions from
+ConfigMaps, metrics from Prometheus (`FunctionQueries`: PromQL by function) and the Kubernetes
+backend as its scaler, run while this controller holds the Lease. A follower does nothing but try
+for the Lease, and forgets what it learned: a new leader starts from what it measures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autoscaler.metrics import (
-    MetricsSnapshot,
-    batch_window,
-    cumulative_histogram,
-    fraction_over,
-    learn_batch_latency,
-)
-from autoscaler.policy import PolicyState, ScaleDecision, decide
+from prometheus_client import CollectorRegistry
+
+from autoscaler.coldstarts import ColdStarts
+from autoscaler.loop import Loop
+from autoscaler.policy import PolicyState, ScaleDecision
+from autoscaler.sources.promql import FunctionQueries, Query
+from deploy.cluster.backend import KubernetesBackend, KubernetesScaler, Observed
 from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
-from deploy.cluster.backend import Desired, KubernetesBackend, Observed
 from functions.spec import FunctionSpec
 
 log = logging.getLogger("shoal.k8s.controller")
-
-WINDOW_S = 30.0  # what the rates of a snapshot are measured over
-WINDOW = f"{WINDOW_S:g}s"  # the same in PromQL: "30s"
-POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
-
-
-def cluster_queries(window: str = WINDOW) -> dict[str, str]:
-    """PromQL for every function's snapshot at once: nine queries a tick, whatever the number of
-    functions (one per function would make a tick outlast the Lease on a large cluster)."""
-    by = "by (function)"
-    return {
-        "rps": f"sum {by} (rate(shoal_replica_requests_total[{window}]))",
-        "duty": f"sum by (function, pod) (rate(shoal_replica_busy_seconds_total[{window}]))",
-        "p95_s": f"histogram_quantile(0.95, sum by (function, le) "
-                 f"(rate(shoal_replica_request_duration_seconds_bucket[{window}])))",
-        "inflight": f"sum {by} (shoal_replica_inflight)",
-        "queued": f"sum {by} (shoal_replica_queued)",
-        "held": f"sum {by} (shoal_activator_queue_depth)",
-        "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
-        "buckets": f"sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[{window}]))",
-        "batches": f"sum {by} (rate(shoal_replica_batch_size_count[{window}]))",
-    }
-
-
-def by_function(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """The vectors of `cluster_queries`, split by their `function` label (pure)."""
-    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for key, vector in results.items():
-        for sample in vector:
-            function = (sample.get("metric") or {}).get("function")
-            if function:
-                out.setdefault(function, {}).setdefault(key, []).append(sample)
-    return out
-
-
-def _scalar(result: list[dict[str, Any]]) -> float | None:
-    """The value of a one-sample vector (None: no sample, or NaN such as a quantile of nothing)."""
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return value if math.isfinite(value) else None
-
-
-def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], ...]:
-    """The cumulative histogram ((le, requests per second), ...) of a `buckets` vector
-    (metrics.cumulative_histogram; pure); a sample without a numeric bound is left out."""
-    pairs = []
-    for sample in result:
-        try:
-            pairs.append((float((sample.get("metric") or {})["le"]), float(sample["value"][1])))
-        except (KeyError, ValueError):
-            continue
-    return cumulative_histogram(pairs)
-
-
-def snapshot_from_results(function: str, now: float, observed: Observed | None, results: dict[str, list],
-                          slice_fraction: float | None = None, slo_s: float | None = None,
-                          batch_latency: tuple[tuple[float, float], ...] = (),
-                          window_s: float = WINDOW_S, cold_start_s: float | None = None) -> MetricsSnapshot:
-    """A MetricsSnapshot from the `data.result` vectors of `cluster_queries` (pure): with the
-    function's SLO, the share of the window's requests over it; with the batch latencies
-    learned so far (`learn_batch`), the table the policy sizes a batching model on."""
-    rps = _scalar(results.get("rps", [])) or 0.0
-    busy = _scalar(results.get("busy", [])) or 0.0
-    # the busiest `ready` pods: a pod still starting, or gone within the window, shows little work and
-    # must not stand in for a ready one
-    duties = tuple(sorted((min(1.0, max(0.0, float(s["value"][1]))) for s in results.get("duty", [])
-                           if math.isfinite(float(s["value"][1]))), reverse=True))
-    ready = observed.ready if observed else 0
-    current = observed.replicas if observed else 0
-    return MetricsSnapshot(
-        function=function, at=now, ready=ready, starting=max(0, current - ready),
-        inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
-        activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
-        rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
-        service_s=busy / rps if rps > 0 else None, cold_start_s=cold_start_s,
-        batch_latency_s=batch_latency if len(batch_latency) > 1 else (),
-        over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
-        window_s=window_s,
-    )
-
-
-def learn_batch(table: tuple[tuple[float, float], ...], results: dict[str, list]) -> tuple[tuple[float, float], ...]:
-    """The function's batch latencies after this window (metrics.learn_batch_latency): its
-    batches, requests answered and busy seconds, all as rates over the window, give the
-    requests per batch and the seconds per batch (pure). E.g. 8 batches/s, 38 requests/s,
-    0.04 busy s/s: 4.75 requests in 5 ms."""
-    window = batch_window(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
-                          _scalar(results.get("busy", [])) or 0.0)
-    return table if window is None else learn_batch_latency(table, *window)
-
-
-def forget_others(keep: set[str], *tables: dict[str, Any]) -> None:
-    """Drop every entry whose function is not in `keep`, from each table, in place."""
-    for table in tables:
-        for name in [n for n in table if n not in keep]:
-            del table[name]
-
-
-@dataclass
-class ColdStarts:
-    """Cold starts measured on the cluster, per function: from the tick that raised the
-    Deployment's replicas to the first tick that sees that many ready (the pods' scheduling,
-    image pull, start and model load; to within a tick). Each raise is measured on its own, so
-    a second one while the first is starting reads its own time. The latest is what the policy
-    reads as the function's cold start (its forecast looks that far ahead), as `shoal up` reads
-    the latest replica's. Fewer ready than asked without a raise (a pod restarting, a readiness
-    probe failing, a Deployment a new leader finds mid-scale) is no cold start; a wait longer
-    than MAX_S is a wait for capacity (pods Pending on a full cluster), not one either. Pure:
-    the caller gives the times."""
-
-    MAX_S = 900.0
-
-    pending: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # function -> [(asked at, replicas)]
-    latest: dict[str, float] = field(default_factory=dict)
-
-    def observe(self, function: str, now: float, ready: int) -> None:
-        """A tick saw `ready` replicas ready: the raises they complete are measured."""
-        steps = self.pending.get(function)
-        if not steps:
-            return
-        for asked_at, target in steps:
-            if ready >= target and 0.0 <= now - asked_at <= self.MAX_S:
-                self.latest[function] = now - asked_at
-        left = [(at, target) for at, target in steps if ready < target and now - at <= self.MAX_S]
-        if left:
-            self.pending[function] = left
-        else:
-            del self.pending[function]
-
-    def ask(self, function: str, now: float, desired: int, replicas: int, ready: int) -> None:
-        """This tick asks for `desired` replicas where the Deployment has `replicas`, `ready` of
-        them ready: a raise starts a measurement; asking for fewer caps the running ones (they
-        wait for what is still asked), and for no more than are ready ends them."""
-        steps = [(at, min(target, desired)) for at, target in self.pending.get(function, []) if desired > ready]
-        if desired > replicas and desired > ready:
-            steps.append((now, desired))
-        if steps:
-            self.pending[function] = steps
-        else:
-            self.pending.pop(function, None)
-
-    def keep_only(self, functions: set[str]) -> None:
-        """Forget functions that are gone (a name deployed again later starts afresh)."""
-        forget_others(functions, self.pending, self.latest)
-
-    def clear(self) -> None:
-        self.pending.clear()
-        self.latest.clear()
 
 
 @dataclass
@@ -198,95 +32,64 @@ class TickResult:
     applied: list[str] = field(default_factory=list)
 
 
+def log_event(kind: str, message: str, function: str | None = None, data: dict | None = None) -> None:
+    log.info("%s %s: %s", kind, function or "-", message)
+
+
 class ClusterController:
-    def __init__(self, backend: KubernetesBackend, functions: ConfigMapFunctions,
-                 query: Callable[[str], list[dict[str, Any]]], artifact: Callable[[FunctionSpec], Any],
-                 clock: Callable[[], float], lease: str = "shoal-controller", lease_s: float = 15.0):
-        """`query(promql)` returns the `data.result` of an instant query or raises; `artifact(spec)`
-        says where a function's artifact is (deploy.cluster.render.artifact_for)."""
-        self.backend, self.functions, self.query, self.artifact, self.clock = (backend, functions, query, artifact,
-                                                                               clock)
+    def __init__(self, backend: KubernetesBackend, functions: ConfigMapFunctions, query: Query,
+                 artifact: Callable[[FunctionSpec], Any], clock: Callable[[], float], lease: str = "shoal-controller",
+                 lease_s: float = 15.0, registry: CollectorRegistry | None = None):
+        """`query(promql)` returns (or awaits to) the `data.result` of an instant query or raises;
+        `artifact(spec)` says where a function's artifact is (deploy.cluster.render.artifact_for)."""
+        self.backend, self.functions, self.clock = backend, functions, clock
         self.lease, self.lease_s = lease, lease_s
-        self.state: dict[str, PolicyState] = {}
-        self.batch_latency: dict[str, tuple[tuple[float, float], ...]] = {}  # learned per function (learn_batch)
-        self.cold_starts = ColdStarts()
-        self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held) from a gateway
+        self.source = FunctionQueries(query)
+        self.scaler = KubernetesScaler(backend, artifact, lease, lease_s)
+        self.loop = Loop(functions, self.source, self.scaler, log_event, registry or CollectorRegistry())
         self.is_leader = False
-        self.last_observed: dict[str, Observed] = {}
         self.last_decisions: dict[str, ScaleDecision] = {}
+        self._runner: asyncio.AbstractEventLoop | None = None  # the ticks' own, in whichever thread ticks
+
+    @property
+    def state(self) -> dict[str, PolicyState]:
+        return self.loop.memory.policy
+
+    @property
+    def batch_latency(self) -> dict[str, Any]:
+        return self.loop.memory.batch
+
+    @property
+    def cold_starts(self) -> ColdStarts:
+        return self.loop.memory.cold
+
+    @property
+    def pokes(self) -> dict[str, tuple[float, int]]:
+        return self.source.pokes
+
+    @property
+    def last_observed(self) -> dict[str, Observed]:
+        return self.scaler.observed
 
     def poke(self, function: str, held: int) -> None:
         """A gateway holds `held` requests for `function`: the next tick counts them at once
         (Prometheus would see the queue only after its next scrape)."""
-        self.pokes[function] = (self.clock(), max(0, held))
+        self.source.poke(function, held, self.clock())
 
     def tick(self) -> TickResult:
         self.is_leader = self.backend.lead(self.lease, self.lease_s)
         if not self.is_leader:
-            self.state.clear()  # a new leader starts from what it measures, not from stale windows
-            self.batch_latency.clear()
-            self.cold_starts.clear()
+            self.loop.memory.clear()  # a new leader starts from what it measures, not from stale windows
             return TickResult(leader=False)
-        now = self.clock()
-        # a poke counts POKE_TTL_S: older ones are dropped, so names poked once are not kept forever
-        self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}
-        result = TickResult(leader=True)
-        observed = self.last_observed = self.backend.observe()
-        desired: dict[str, Desired] = {}
-        try:
-            per_function = by_function({key: self.query(q) for key, q in cluster_queries().items()})
-        except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load
-            log.warning("metrics unavailable (%s); every function keeps its replica count", exc)
-            per_function = None
-        functions = self.functions.functions()
-        names = set(functions) | getattr(self.functions, "broken", set())
-        forget_others(names, self.state, self.batch_latency)  # functions that are gone are forgotten
-        self.cold_starts.keep_only(names)
-        for name, (spec, revision) in sorted(functions.items()):
-            have = observed.get(name)
-            ready = have.ready if have else 0
-            self.cold_starts.observe(name, now, ready)  # also while Prometheus is down
-            if per_function is None:
-                result.unread.append(name)
-                keep = have.replicas if have else spec.scaling.min_replicas
-                desired[name] = Desired(spec, revision, keep, self.artifact(spec))
-                continue
-            results = per_function.get(name, {})
-            learned = self.batch_latency[name] = learn_batch(self.batch_latency.get(name, ()), results)
-            snapshot = snapshot_from_results(name, now, have, results, float(spec.slice.fraction),
-                                             spec.scaling.slo_p95_ms / 1000.0, learned,
-                                             cold_start_s=self.cold_starts.latest.get(name))
-            poked_at, held = self.pokes.get(name, (0.0, 0))
-            if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
-                snapshot = snapshot._replace(activator_queue=held)
-            decision, self.state[name] = decide(snapshot, spec.scaling, self.state.get(name, PolicyState()), now)
-            result.decisions[name] = decision
-            self.cold_starts.ask(name, now, decision.desired, have.replicas if have else 0, ready)
-            desired[name] = Desired(spec, revision, decision.desired, self.artifact(spec))
-        if not self.backend.lead(self.lease, self.lease_s):  # a slow tick may have lost the Lease meanwhile
+        if self._runner is None:
+            self._runner = asyncio.new_event_loop()
+        done = self._runner.run_until_complete(self.loop.tick(self.clock()))
+        result = TickResult(True, done.decisions, done.unread, self.scaler.applied)
+        if self.scaler.lost_lease:
             self.is_leader = False
             return result
-        keep = frozenset(getattr(self.functions, "broken", set()))
-        result.applied = self.backend.reconcile(desired, keep).applied
         self.last_decisions = dict(result.decisions)
         return result
-
-
-def prometheus_query(url: str, timeout_s: float = 5.0) -> Callable[[str], list[dict[str, Any]]]:
-    """An instant-query function against Prometheus's HTTP API."""
-    import httpx
-
-    client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
-
-    def query(promql: str) -> list[dict[str, Any]]:
-        r = client.get("/api/v1/query", params={"query": promql})
-        r.raise_for_status()
-        body = r.json()
-        if body.get("status") != "success":
-            raise RuntimeError(f"prometheus: {body.get('error', body)}")
-        return body["data"]["result"]
-
-    return query
 
 
 def build_parser():
@@ -385,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
     from kubernetes import client
-    from prometheus_client import Counter, Gauge
+    from prometheus_client import REGISTRY, Gauge
 
+    from autoscaler.sources.promql import PromQL
     from deploy.api import create_api
     from deploy.cluster.render import artifact_for
     from deploy.cluster.plane import ClusterPlane
@@ -402,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     identity = os.environ.get("POD_NAME") or f"shoal-controller-{os.getpid()}"
     backend = KubernetesBackend.from_kubeconfig(cluster, identity)
     core = client.CoreV1Api()
-    ctl = ClusterController(backend, ConfigMapFunctions(core, args.namespace), prometheus_query(args.prometheus_url),
+    ctl = ClusterController(backend, ConfigMapFunctions(core, args.namespace),
+                            PromQL(args.prometheus_url, timeout_s=5.0).vector,
                             lambda spec: artifact_for(spec, args.artifact_source, args.artifact_base), time.time,
-                            lease=args.lease, lease_s=args.lease_s)
+                            lease=args.lease, lease_s=args.lease_s, registry=REGISTRY)
     token = Path(args.token_file).read_text().strip()
     wake, stop = threading.Event(), threading.Event()
     plane = ClusterPlane(ConfigMapRegistry(core, args.namespace, time.time), ArtifactStore(args.artifacts_dir), token,
@@ -412,9 +217,6 @@ def main(argv: list[str] | None = None) -> int:
                                                             "gpu": args.gpu},
                          lambda name: wake.set(), cluster)
     leader = Gauge("shoal_controller_leader", "1 while this controller holds the Lease")
-    decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
-                        ["function", "reason"])
-    replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"])
     last_tick = [time.monotonic()]
 
     def loop() -> None:
@@ -422,12 +224,6 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = ctl.tick()
                 leader.set(1 if result.leader else 0)
-                for name, seen in ctl.last_observed.items():
-                    replicas.labels(name, "ready").set(seen.ready)
-                    replicas.labels(name, "starting").set(max(0, seen.replicas - seen.ready))
-                for name, d in result.decisions.items():
-                    if any(a.startswith(("scale " + name, "create " + name)) for a in result.applied):
-                        decisions.labels(name, d.reason).inc()
             except Exception:  # noqa: BLE001 - one bad tick must not end the controller
                 log.exception("tick failed")
             last_tick[0] = time.monotonic()

@@ -30,10 +30,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from autoscaler.controller import Controller, ControllerConfig
-from autoscaler.metrics import parse_replica_metrics
+from autoscaler.loop import EventSink, FunctionSource, Loop
 from autoscaler.placement import Inventory, parse_devices
-from autoscaler.prometheus import PrometheusSource
+from autoscaler.replicas import ControllerConfig, ReplicaBackend, ReplicaScaler, Router
+from autoscaler.sources.direct import HttpScraper, ReplicaScrapes, Scraper
+from autoscaler.sources.promql import PrometheusSource
 from deploy.api import check_token, create_api, write_artifact
 from deploy.local.backend import LocalBackend
 from deploy.local.inventory import discover_gpus, memory_mib, usable_cpus
@@ -81,6 +82,8 @@ def lock_state_dir(state_dir: Path):
 class RegistrySource:
     """The controller's view of the registry (cached; refreshed on every change)."""
 
+    broken: frozenset[str] = frozenset()  # a registry row always parses
+
     def __init__(self, registry: Registry):
         self.registry = registry
         self._cache: dict[str, tuple[FunctionSpec, int]] | None = None
@@ -94,23 +97,12 @@ class RegistrySource:
         self._cache = None
 
 
-class HttpScraper:
-    """Reads a replica's /metrics over HTTP, parsed with prometheus_client's parser."""
-
-    probes = True  # a failed scrape: the replica did not answer
-
-    def __init__(self):
-        import httpx
-
-        self._client = httpx.AsyncClient(timeout=1.0)
-
-    async def scrape(self, replica: str, host: str, port: int, at: float):
-        response = await self._client.get(f"http://{host}:{port}/metrics")
-        response.raise_for_status()
-        return parse_replica_metrics(response.text, replica, at)
-
-    async def close(self) -> None:
-        await self._client.aclose()
+def control_loop(source: FunctionSource, backend: ReplicaBackend, router: Router, inventory: Inventory,
+                 scraper: Scraper, events: EventSink, registry: CollectorRegistry,
+                 config: ControllerConfig = ControllerConfig()) -> Loop:
+    """shoal up's control loop: replicas it starts itself, metrics scraped from each of them."""
+    scaler = ReplicaScaler(backend, router, inventory, events, registry, config)
+    return Loop(source, ReplicaScrapes(scaler, scraper), scaler, events, registry)
 
 
 class ControlPlane:
@@ -136,10 +128,9 @@ class ControlPlane:
         self.backend = LocalBackend(self.state_dir, self.store.path)
         # direct scrapes, or the same numbers through a Prometheus that scrapes the replicas
         self.scraper = PrometheusSource(prometheus_url) if prometheus_url else HttpScraper()
-        self.controller = Controller(
-            self.source, self.backend, self.gateway, self.scraper, Inventory(self.devices),
-            self.event, self.metrics, controller_config,
-        )
+        self.loop = control_loop(self.source, self.backend, self.gateway, Inventory(self.devices), self.scraper,
+                                 self.event, self.metrics, controller_config)
+        self.scaler: ReplicaScaler = self.loop.scaler
         self.api = create_api(self)
         self._loop_task: asyncio.Task | None = None
 
@@ -154,10 +145,12 @@ class ControlPlane:
         functions = self.source.functions()
         self.event("up", f"control plane up, {len(functions)} function(s) restored scaled to zero",
                    data={"functions": sorted(functions), "devices": [d.id for d in self.devices]})
-        self._loop_task = asyncio.get_running_loop().create_task(self.controller.run())
+        self._loop_task = asyncio.get_running_loop().create_task(
+            self.loop.run(self.scaler.config.tick_s, self.scaler.clock))
 
     async def stop(self) -> None:
-        await self.controller.shutdown()
+        self.loop.stop()
+        await self.scaler.shutdown()
         if self._loop_task is not None:
             self._loop_task.cancel()
         await self.backend.close()
@@ -166,7 +159,7 @@ class ControlPlane:
         self.registry.close()
 
     def _poke(self, function: str) -> None:
-        self.controller.poke(function)
+        self.loop.poke(function)
 
     def _authorize_inference(self, headers: dict[bytes, bytes]) -> InferenceError | None:
         return check_token(headers.get(b"authorization", b"").decode("latin-1") or None, self.token)
@@ -189,7 +182,7 @@ class ControlPlane:
         self.event("deploy", f"{spec.name} revision {record.revision} ({spec.artifact.rsplit('/', 1)[-1]}, "
                    f"slice {spec.slice.name}, min {spec.scaling.min_replicas} max {spec.scaling.max_replicas})",
                    function=spec.name, data={"revision": record.revision})
-        self.controller.poke(spec.name)
+        self.loop.poke(spec.name)
         return record
 
     def delete_function(self, name: str) -> None:
@@ -197,7 +190,7 @@ class ControlPlane:
         self.source.changed()
         self.gateway.invalidate(name)
         self.event("delete", f"{name} removed", function=name)
-        self.controller.poke(name)
+        self.loop.poke(name)
 
     # ------------------------------------------------------------------ views
 
@@ -206,7 +199,7 @@ class ControlPlane:
             "v2": f"/v2/models/{record.spec.name}/infer", "v1": f"/v1/models/{record.spec.name}:predict"}}
 
     def status(self) -> dict[str, Any]:
-        live = self.controller.status()
+        live = self.scaler.status(self.loop.snapshots, self.loop.decisions)
         functions = {}
         for name, (spec, revision) in self.source.functions().items():
             functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
@@ -215,7 +208,7 @@ class ControlPlane:
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__}
 
     def inventory_view(self) -> dict[str, Any]:
-        inv = self.controller.cluster
+        inv = self.scaler.cluster
         return {"devices": [
             {"id": d.id, "kind": d.kind, "emulated": d.emulated, "memory_mib": d.memory_mib, "name": d.name,
              "allocated": inv.allocated_ratio(d.id), "memory_used_mib": inv.used(d.id)[1]}

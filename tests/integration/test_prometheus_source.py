@@ -1,6 +1,6 @@
 """Prometheus as the metrics source, for real: Debian's `prometheus` on loopback scrapes
 the replicas of a local `shoal up`, and the controller's view of them through PromQL
-(`autoscaler.prometheus.PrometheusSource`) is the view it gets from scraping them
+(`autoscaler.sources.promql.PrometheusSource`) is the view it gets from scraping them
 itself: the same counters, and the same decisions from `decide()` over two windows.
 
 Skipped when /usr/bin/prometheus is missing (`apt-get install prometheus`), unless
@@ -23,12 +23,12 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, Replica
+from autoscaler.replicas import Replica, ReplicaScaler
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Inventory
 from autoscaler.policy import PolicyState, ScaleDecision, decide
-from autoscaler.prometheus import PrometheusSource
-from deploy.local.server import HttpScraper
+from autoscaler.sources.direct import HttpScraper, ReplicaScrapes
+from autoscaler.sources.promql import PrometheusSource
 from functions.examples.digits import digits_data
 from functions.spec import ScalingSpec
 from tests.conftest import start_plane, stop_process, wait_for
@@ -180,13 +180,13 @@ class _IdleRouter:
         return 0
 
 
-def _controller(source: _Recorded, replicas: dict[str, int]) -> Controller:
-    controller = Controller(source=None, backend=None, router=_IdleRouter(), metrics_source=source,
-                            inventory=Inventory(()), events=lambda *a, **k: None, registry=CollectorRegistry())
+def _controller(source: _Recorded, replicas: dict[str, int]) -> ReplicaScrapes:
+    scaler = ReplicaScaler(backend=None, router=_IdleRouter(), inventory=Inventory(()), events=lambda *a, **k: None,
+                           registry=CollectorRegistry())
     for replica_id, port in replicas.items():
-        controller.replicas[replica_id] = Replica(replica_id, "digits", 1, placement=None, state="ready",
-                                                  handle=SimpleNamespace(host="127.0.0.1", port=port))
-    return controller
+        scaler.replicas[replica_id] = Replica(replica_id, "digits", 1, placement=None, state="ready",
+                                              handle=SimpleNamespace(host="127.0.0.1", port=port))
+    return ReplicaScrapes(scaler, source)
 
 
 def _counters(stat: ReplicaStat) -> ReplicaStat:
@@ -217,13 +217,19 @@ def test_controller_decides_the_same_from_promql_as_from_direct_scrapes(tmp_path
 
 
 def _cluster_queries_select_the_function(prometheus_url: str) -> None:
-    """The cluster controller's nine queries (deploy/cluster/controller.py) against this real Prometheus:
+    """The cluster controller's nine queries (autoscaler/sources/promql.py) against this real Prometheus:
     they parse, and select the function's series by its label. (Here the targets have no `pod` label,
     so duty is one series; on a cluster the ServiceMonitor adds one per pod.)"""
-    from deploy.cluster.controller import by_function, cluster_queries, prometheus_query, snapshot_from_results
+    from autoscaler.sources.promql import PromQL, by_function, cluster_queries, snapshot_from_results
 
-    query = prometheus_query(prometheus_url)
-    split = by_function({key: query(q) for key, q in cluster_queries().items()})
+    async def vectors() -> dict[str, list]:
+        promql = PromQL(prometheus_url, timeout_s=5.0)
+        try:
+            return {key: await promql.vector(q) for key, q in cluster_queries().items()}
+        finally:
+            await promql.close()
+
+    split = by_function(asyncio.run(vectors()))
     digits = split["digits"]
     assert {"rps", "busy", "duty", "p95_s", "inflight", "queued", "buckets", "batches"} <= set(digits), digits.keys()
     snapshot = snapshot_from_results("digits", time.time(), None, digits, slo_s=0.0001)

@@ -1,5 +1,6 @@
-"""deploy/cluster/controller.py: a snapshot from PromQL answers (recorded shapes of Prometheus's
-`data.result`), and the controller's tick against the fake API server, on a fake clock."""
+"""The cluster's control loop: a snapshot from PromQL answers (autoscaler/sources/promql.py, on
+recorded shapes of Prometheus's `data.result`), and the controller's tick (deploy/cluster/controller.py)
+against the fake API server, on a fake clock."""
 
 from __future__ import annotations
 
@@ -10,14 +11,9 @@ import pytest
 from deploy.cluster.backend import KubernetesBackend, Observed
 from deploy.cluster.configmaps import ConfigMapFunctions
 from deploy.cluster.render import artifact_for
-from deploy.cluster.controller import (
-    ClusterController,
-    ColdStarts,
-    by_function,
-    cluster_queries,
-    learn_batch,
-    snapshot_from_results,
-)
+from autoscaler.coldstarts import ColdStarts
+from autoscaler.sources.promql import by_function, cluster_queries, learn_batch, snapshot_from_results
+from deploy.cluster.controller import ClusterController
 from deploy.cluster.manifests.render import Cluster
 from tests.fakes.kube import FakeKube
 
@@ -309,16 +305,16 @@ def test_what_is_learned_is_forgotten_with_the_lease_and_with_the_function():
 
 
 def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
-    import deploy.cluster.controller as k8s_controller
+    import autoscaler.loop as loop
 
     snapshots = []
 
-    def recorded(*args, **kwargs):
-        snapshots.append(k8s_controller_snapshot(*args, **kwargs))
-        return snapshots[-1]
+    def recorded(snapshot, *args, **kwargs):
+        snapshots.append(snapshot)
+        return loop_decide(snapshot, *args, **kwargs)
 
-    k8s_controller_snapshot = k8s_controller.snapshot_from_results
-    monkeypatch.setattr(k8s_controller, "snapshot_from_results", recorded)
+    loop_decide = loop.decide
+    monkeypatch.setattr(loop, "decide", recorded)
     kube, clock = FakeKube(), Clock()
     deploy_function(kube)
     load = {"rps": [], "busy": [], "inflight": vector(4.0), "held": vector(0.0), "queued": [], "duty": [],

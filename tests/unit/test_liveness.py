@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, ControllerConfig, Replica
+from autoscaler.replicas import ControllerConfig, Replica, ReplicaScaler
+from autoscaler.sources.direct import ReplicaScrapes
 from autoscaler.metrics import ReplicaStat, parse_replica_metrics
 from autoscaler.placement import Inventory
 from functions.spec import (
@@ -69,14 +70,15 @@ class _Backend:
 def _snapshot_with(stat: ReplicaStat | None, probes: bool, seen_at: float, now: float, spec: FunctionSpec = SPEC):
     events: list[tuple] = []
     router, backend = _Router(), _Backend()
-    controller = Controller(source=None, backend=backend, router=router, metrics_source=_Source(probes, stat),
-                            inventory=Inventory(()), events=lambda *a, **k: events.append(a),
-                            registry=CollectorRegistry(), config=ControllerConfig(unresponsive_s=10.0))
+    controller = ReplicaScaler(backend=backend, router=router, inventory=Inventory(()),
+                               events=lambda *a, **k: events.append(a), registry=CollectorRegistry(),
+                               config=ControllerConfig(unresponsive_s=10.0))
+    source = ReplicaScrapes(controller, _Source(probes, stat))
     controller.replicas["f-1"] = Replica("f-1", "f", 1, placement=None, state="ready", spec=spec, seen_at=seen_at,
                                          handle=SimpleNamespace(host="127.0.0.1", port=1))
 
     async def run():
-        snap = await controller.snapshot("f", now, spec)
+        snap = await source.snapshot("f", now, spec)
         await asyncio.gather(*controller._tasks)
         return snap
 
@@ -179,8 +181,8 @@ def test_only_scaling_changes_keep_running_replicas(change, same):
 
 
 def test_a_scaling_only_revision_keeps_the_replica_and_adopts_the_new_revision():
-    controller = Controller(source=None, backend=_Backend(), router=_Router(), metrics_source=_Source(True, None),
-                            inventory=Inventory(()), events=lambda *a, **k: None, registry=CollectorRegistry())
+    controller = ReplicaScaler(backend=_Backend(), router=_Router(), inventory=Inventory(()),
+                               events=lambda *a, **k: None, registry=CollectorRegistry())
     replica = Replica("f-1", "f", 1, placement=None, state="ready", spec=SPEC)
     controller.replicas["f-1"] = replica
     scaled = replace(SPEC, scaling=ScalingSpec(min_replicas=2, max_replicas=2))

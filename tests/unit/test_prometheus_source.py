@@ -22,10 +22,11 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.controller import Controller, Replica
+from autoscaler.replicas import Replica, ReplicaScaler
+from autoscaler.sources.direct import ReplicaScrapes
 from autoscaler.metrics import ReplicaStat, advance_window, duty_cycle, parse_replica_metrics, request_rate
 from autoscaler.placement import Inventory
-from autoscaler.prometheus import PrometheusSource, replica_query, stat_from_query
+from autoscaler.sources.promql import PrometheusSource, replica_query, stat_from_query
 from deploy.local.server import build_parser, metrics_source_url
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -234,9 +235,10 @@ class _IdleRouter:
 def test_controller_keeps_the_last_rates_while_prometheus_has_not_scraped_again():
     # scrapes at 10 and 25, four ticks: 10, 25, 25 again, 40
     source = _Sequence(A, B, B, C)
-    controller = Controller(source=None, backend=None, router=_IdleRouter(), metrics_source=source,
-                            inventory=Inventory(()), events=lambda *a, **k: None, registry=CollectorRegistry())
-    controller.replicas["r"] = Replica("r", "f", 1, placement=None, state="ready",
+    scaler = ReplicaScaler(backend=None, router=_IdleRouter(), inventory=Inventory(()), events=lambda *a, **k: None,
+                           registry=CollectorRegistry())
+    controller = ReplicaScrapes(scaler, source)
+    scaler.replicas["r"] = Replica("r", "f", 1, placement=None, state="ready",
                                        handle=SimpleNamespace(host="127.0.0.1", port=1))
 
     def tick(now):

@@ -1,14 +1,10 @@
-"""The controller: the async loop from metrics to policy to placement to backend.
+"""Replicas that shoal up starts itself: the loop's Scaler (`ReplicaScaler`) for the local platform.
 
-Every tick (1 s by default), or at once when the gateway pokes a function that
-has requests waiting, it builds each function's MetricsSnapshot (the gateway's
-in-flight and held counts, and each ready replica's /metrics), asks `decide()`
-for the number of replicas, and reconciles: places and starts new replicas,
-drains and stops surplus ones (newest first, so warm replicas keep serving).
-
-It is written against narrow interfaces declared here and implemented in
-`deploy/` (the local or Kubernetes backend, the gateway's routing table, the
-registry): autoscaler imports nothing from serving or deploy.
+It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
+gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
+keep serving); it reaps replicas that died or whose function went away, and backs off a function
+whose replicas fail to start. Written against interfaces declared here and implemented in
+`deploy.local` (the backend) and `serving` (the gateway): imports neither.
 """
 
 from __future__ import annotations
@@ -21,29 +17,18 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
-from autoscaler.metrics import (
-    MetricsSnapshot,
-    ReplicaStat,
-    advance_window,
-    batch_window,
-    bucket_delta,
-    duty_cycle,
-    fraction_over,
-    learn_batch_latency,
-    merge_buckets,
-    quantile,
-    request_rate,
-)
+from autoscaler.loop import EventSink, Fleet, Target
+from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Unplaceable
-from autoscaler.policy import PolicyState, ScaleDecision, decide
+from autoscaler.policy import ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
 
 
-# ---------------------------------------------------------------------- what the controller needs
+# ---------------------------------------------------------------------- what the scaler needs
 
 
 class ReplicaHandle(Protocol):
@@ -68,22 +53,6 @@ class Router(Protocol):
     def fail_waiters(self, function: str, message: str) -> None: ...
     def held(self, function: str) -> int: ...
     def outstanding(self, function: str) -> int: ...
-
-
-class MetricsSource(Protocol):
-    # True when a failed scrape means the replica did not answer (a direct scrape), not
-    # that a metrics store has no sample yet: the controller then judges liveness by it
-    probes: bool
-
-    async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None: ...
-
-
-class FunctionSource(Protocol):
-    def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
-        """Every registered function with its revision."""
-
-
-EventSink = Callable[..., None]  # (kind, message, function=None, data=None)
 
 
 # ---------------------------------------------------------------------- state
@@ -122,114 +91,84 @@ class ControllerConfig:
             raise ValueError(f"tick_s ({self.tick_s}) must be > 0")
 
 
-class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry):
-        self.replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"], registry=registry)
-        self.decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
-                                 ["function", "reason"], registry=registry)
-        self.allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
-                               ["device", "emulated"], registry=registry)
+class ReplicaScaler:
+    """The loop's Scaler for replicas it starts itself: places them, starts them through the
+    backend, drains and stops them, newest first (warm replicas keep serving)."""
 
-
-class Controller:
     def __init__(
         self,
-        source: FunctionSource,
         backend: ReplicaBackend,
         router: Router,
-        metrics_source: MetricsSource,
         inventory: Inventory,
         events: EventSink,
         registry: CollectorRegistry,
         config: ControllerConfig = ControllerConfig(),
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.source = source
         self.backend = backend
         self.router = router
-        self.metrics_source = metrics_source
         self.cluster = SliceCluster.from_inventory(inventory)  # the one placement state
         self.events = events
         self.config = config
         self.clock = clock
-        self.metrics = ControllerMetrics(registry)
         self.replicas: dict[str, Replica] = {}
-        self.policy_state: dict[str, PolicyState] = {}
-        self.last_decision: dict[str, ScaleDecision] = {}
-        self.snapshots: dict[str, MetricsSnapshot] = {}
-        self.cold_starts: dict[str, float] = {}
-        self.batch_latency: dict[str, tuple[tuple[float, float], ...]] = {}  # learned from the replicas' batches
+        self.cold_starts: dict[str, float] = {}  # function -> create to ready of its newest replica
         self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
-        self._wake = asyncio.Event()
-        self._poked: set[str] = set()
+        self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
-        self._stopping = False
+        allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
+                          ["device", "emulated"], registry=registry)
         for device in inventory.devices:
-            self.metrics.allocated.labels(device.id, str(device.emulated).lower()).set_function(
+            allocated.labels(device.id, str(device.emulated).lower()).set_function(
                 lambda d=device.id: self.cluster.allocated_ratio(d)
             )
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ the loop's Scaler
 
-    def poke(self, function: str) -> None:
-        """Requests are waiting for `function`: reconcile it now, not at the next tick."""
-        self._poked.add(function)
-        self._wake.set()
-
-    async def run(self) -> None:
-        last_full = self.clock()
-        while not self._stopping:
-            timeout = max(0.0, last_full + self.config.tick_s - self.clock())
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
-            poked, self._poked = self._poked, set()
-            # pokes reconcile their functions at once, but never starve the others' tick
-            full = self.clock() - last_full >= self.config.tick_s
-            if full:
-                last_full = self.clock()
-            try:
-                await self.tick(only=None if full else poked)
-            except Exception:  # a bad tick must not stop the control loop
-                log.exception("controller tick failed")
-
-    async def tick(self, only: set[str] | None = None) -> None:
-        functions = self.source.functions()
+    def observe(self, functions: dict[str, tuple[FunctionSpec, int]]) -> dict[str, Fleet]:
         self._reap(functions)
-        names = functions.keys() if only is None else [n for n in only if n in functions]
-        await asyncio.gather(*(self.reconcile(n, *functions[n]) for n in names))
-        self._export_counts(functions)
+        return {name: self._fleet(name) for name in functions}
 
-    async def reconcile(self, name: str, spec: FunctionSpec, revision: int) -> None:
-        now = self.clock()
-        snapshot = await self.snapshot(name, now, spec)
-        self.snapshots[name] = snapshot
-        state = self.policy_state.get(name, PolicyState())
-        decision, self.policy_state[name] = decide(snapshot, spec.scaling, state, now)
+    def _fleet(self, name: str) -> Fleet:
+        counts = {"starting": 0, "ready": 0, "draining": 0}
+        for r in self.replicas.values():
+            if r.function == name and r.state in counts:
+                counts[r.state] += 1
+        return Fleet(counts["starting"] + counts["ready"], counts["ready"], counts["draining"],
+                     self.cold_starts.get(name))
+
+    async def apply(self, targets: dict[str, Target], keep: frozenset[str] = frozenset()) -> dict[str, int]:
+        changed = {}
+        for name, target in targets.items():
+            before = self._scale(name, target)
+            if before is not None:
+                changed[name] = before
+        return changed
+
+    def _scale(self, name: str, target: Target) -> int | None:
+        """Start or stop replicas of one function (as tasks); the count it had, if it changes."""
+        decision, spec = target.decision, target.spec
+        if decision is None:
+            return None
         self._note_slice_hint(name, spec, decision)
-        mine = self._live(name)
+        mine = self.live(name)
         current = len(mine)
-        self.last_decision[name] = decision
         count, not_before = self.failures.get(name, (0, 0.0))
+        now = self.clock()
         if decision.desired > current and now < not_before:
             # crash-loop back-off: a replica of this revision failed to start moments ago
             self.router.fail_waiters(name, f"function {name!r} could not start a replica moments ago; "
                                            f"retrying in {not_before - now:.0f} s (see shoal events {name})")
-            return
-        if decision.desired != current:  # an event only when something is done
-            self.metrics.decisions.labels(name, decision.reason).inc()
-            self.events("scale", f"{current} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
-                        function=name, data={"from": current, "to": decision.desired, "reason": decision.reason})
+            return None
         for _ in range(decision.desired - current):
-            self._spawn_task(self.start_replica(name, spec, revision))
+            self._spawn_task(self.start_replica(name, spec, target.revision))
         if decision.desired < current:
             # newest first: the oldest replicas are warm and keep serving
             for replica in sorted(mine, key=lambda r: r.created_at, reverse=True)[: current - decision.desired]:
                 self._spawn_task(self.stop_replica(replica, decision.reason))
+        return current if decision.desired != current else None
 
     def slice_for(self, spec: FunctionSpec) -> Fraction:
         return self.slices.get(spec.name, Fraction(spec.slice.fraction))
@@ -240,87 +179,17 @@ class Controller:
         wanted = Fraction(decision.slice_fraction).limit_denominator(64)
         if wanted != self.slice_for(spec):
             self.slices[name] = wanted
-            self.batch_latency.pop(name, None)  # measured on the old slice
             self.events("slice", f"new replicas get a {wanted.numerator}/{wanted.denominator} slice: {decision.detail}",
                         function=name, data={"slice": str(wanted), "reason": decision.reason})
 
-    async def snapshot(self, name: str, now: float, spec: FunctionSpec | None = None) -> MetricsSnapshot:
-        mine = self._live(name)
-        ready = [r for r in mine if r.state == "ready"]
-        stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
-        duties, rps, deltas, queued = [], 0.0, [], 0.0
-        busy = answered = batches = windows = 0.0
-        moved = False  # some replica's window moved on: a scrape newer than the last look's
-        for replica, stat in zip(ready, stats):
-            if self._dead(replica, stat, now):
-                continue
-            if stat is None:
-                continue
-            moved = moved or not replica.stats or stat.at > replica.stats[-1].at
-            replica.stats = advance_window(replica.stats, stat)
-            stat = replica.stats[-1]
-            prev = replica.stats[0] if len(replica.stats) == 2 else None
-            queued += stat.queued
-            if prev is not None:
-                duties.append(duty_cycle(prev, stat))
-                rps += request_rate(prev, stat)
-                windows += stat.at - prev.at
-                busy += max(0.0, stat.busy_s - prev.busy_s)
-                answered += max(0.0, stat.completed - prev.completed)
-                batches += max(0.0, stat.batches - prev.batches)
-            deltas.append(bucket_delta(prev, stat))
-        outstanding = self.router.outstanding(name)
-        failed = sum(1 for r in ready if r.state == "failed")
-        window = batch_window(batches, answered, busy)  # in requests, the unit of rps and in-flight
-        if window is not None:
-            self.batch_latency[name] = learn_batch_latency(self.batch_latency.get(name, ()), *window)
-        learned = self.batch_latency.get(name, ())
-        merged = merge_buckets(deltas)
-        return MetricsSnapshot(
-            function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
-            inflight=float(outstanding), queued=queued, activator_queue=self.router.held(name),
-            # the window's length, only when it is a new window: the same rates read again (Prometheus
-            # has not scraped since) are no second measurement of the rate's variance
-            duty=tuple(duties), rps=rps, window_s=windows / len(duties) if duties and moved else 0.0,
-            p95_s=quantile(merged, 0.95),
-            cold_start_s=self.cold_starts.get(name),
-            slice_fraction=float(self.slice_for(spec)) if spec is not None else None,
-            service_s=busy / answered if answered else None,
-            batch_latency_s=learned if len(learned) > 1 else (),
-            over_slo=fraction_over(merged, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
-        )
-
-    def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
-        """Liveness: a replica whose model has been inside one call past its function's
-        timeout, or that has answered no scrape for `unresponsive_s`, is failed; the policy
-        then starts another. Its requests were answered 504 by its own timer."""
-        why = None
-        timeout_s = replica.spec.timeout_s if replica.spec is not None else LIMITS.request_timeout_s
-        if stat is not None:
-            replica.seen_at = now
-            if stat.stalled_s > timeout_s:
-                why = f"its model has been inside one call for {stat.stalled_s:.1f} s (timeout {timeout_s:g} s)"
-        elif getattr(self.metrics_source, "probes", False) and now - replica.seen_at > max(
-                self.config.unresponsive_s, timeout_s):
-            # silent: a frozen process, or a model call that holds the GIL; a busy replica gets
-            # at least its function's timeout before it is judged
-            why = f"it answered no scrape for {now - replica.seen_at:.1f} s"
-        if why is None:
-            return False
-        replica.state = "failed"  # not counted from now on: the policy replaces it in this very tick
-        self._spawn_task(self._fail(replica, f"{replica.id} is not live: {why}; replacing it"))
-        return True
-
-    async def _scrape(self, replica: Replica, now: float) -> ReplicaStat | None:
-        try:
-            return await self.metrics_source.scrape(replica.id, replica.handle.host, replica.handle.port, now)
-        except Exception as exc:  # a replica that cannot be scraped is judged by its process state
-            log.debug("scrape of %s failed: %s", replica.id, exc)
-            return None
+    def fail(self, replica: Replica, message: str) -> None:
+        """Not live: not counted from now on (the policy replaces it in this very tick), stopped."""
+        replica.state = "failed"
+        self._spawn_task(self._fail(replica, message))
 
     # ------------------------------------------------------------------ replicas
 
-    def _live(self, name: str) -> list[Replica]:
+    def live(self, name: str) -> list[Replica]:
         return [r for r in self.replicas.values() if r.function == name and r.state in ("starting", "ready")]
 
     def _spawn_task(self, coro) -> None:
@@ -338,7 +207,7 @@ class Controller:
         if isinstance(placed, Unplaceable):
             message = f"cannot place a replica of {name}: {placed.message}"
             self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
-            if not self._live(name):  # nothing else will serve the held requests: say so now
+            if not self.live(name):  # nothing else will serve the held requests: say so now
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
@@ -354,7 +223,7 @@ class Controller:
                 return None
             message = f"replica {replica_id} failed to start: {exc}"
             await self._fail(replica, message)
-            if not self._live(name):
+            if not self.live(name):
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
@@ -423,11 +292,10 @@ class Controller:
                 self._spawn_task(self.stop_replica(replica, "function updated"))
             elif replica.handle is not None and (code := self.backend.exited(replica.handle)) is not None:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
-        for name in list(self.policy_state):
-            if name not in functions:
-                self.policy_state.pop(name, None)
-                self.slices.pop(name, None)
-                self.router.forget(name)
+        for name in self._seen - set(functions):
+            self.slices.pop(name, None)
+            self.router.forget(name)
+        self._seen = set(functions)
 
     @staticmethod
     def _keeps(replica: Replica, functions: dict[str, tuple[FunctionSpec, int]]) -> bool:
@@ -438,28 +306,18 @@ class Controller:
         replica.revision, replica.spec = revision, spec
         return True
 
-    def _export_counts(self, functions) -> None:
-        for name in functions:
-            counts = {"starting": 0, "ready": 0, "draining": 0}
-            for r in self.replicas.values():
-                if r.function == name and r.state in counts:
-                    counts[r.state] += 1
-            for state, n in counts.items():
-                self.metrics.replicas.labels(name, state).set(n)
-
     async def shutdown(self) -> None:
         """Drain and stop every replica (graceful `shoal up` exit)."""
-        self._stopping = True
-        self._wake.set()
         await asyncio.gather(*(self.stop_replica(r, "shutdown") for r in list(self.replicas.values())),
                              return_exceptions=True)
 
     # ------------------------------------------------------------------ views
 
-    def status(self) -> dict[str, Any]:
+    def status(self, snapshots: dict[str, MetricsSnapshot], decisions: dict[str, ScaleDecision]) -> dict[str, Any]:
+        """What the loop last saw and decided, per function, with these replicas."""
         out = {}
-        for name, snap in self.snapshots.items():
-            decision = self.last_decision.get(name)
+        for name, snap in snapshots.items():
+            decision = decisions.get(name)
             out[name] = {
                 "ready": snap.ready, "starting": snap.starting, "inflight": snap.inflight,
                 "held": snap.activator_queue, "rps": snap.rps, "p95_s": snap.p95_s,

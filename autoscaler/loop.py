@@ -1,0 +1,232 @@
+"""The one control loop: a tick reads the functions (FunctionSource), what a scaler runs for them
+(Scaler.observe), one metrics reading each (MetricsSource), asks `decide()`, and hands the counts
+to the scaler (Scaler.apply). `shoal up` (autoscaler.replicas.ReplicaScaler, per-replica scrapes)
+and the cluster controller (the Kubernetes scaler, PromQL by function) run this same tick. What a
+tick learns for the next (policy state, batch latencies, cold starts) and the controller metrics
+(`shoal_scale_decisions_total`, `shoal_function_replicas`) live here, once. The interfaces are
+declared here, by their caller; imports neither deploy nor serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Collection, NamedTuple, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from autoscaler.coldstarts import ColdStarts, forget_others
+from autoscaler.metrics import MetricsSnapshot, learn_batch_latency
+from autoscaler.policy import PolicyState, ScaleDecision, decide
+from functions.spec import FunctionSpec
+
+log = logging.getLogger("shoal.loop")
+
+Functions = dict[str, tuple[FunctionSpec, int]]  # name -> (spec, revision)
+BatchTable = tuple[tuple[float, float], ...]  # ((requests per batch, seconds per batch), ...)
+EventSink = Callable[..., None]  # (kind, message, function=None, data=None)
+
+
+# ---------------------------------------------------------------------- what a tick needs
+
+
+class FunctionSource(Protocol):
+    broken: Collection[str]  # functions whose spec cannot be read now: what runs for them is kept
+
+    def functions(self) -> Functions:
+        """Every registered function with its revision."""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One function's replicas as its scaler has them."""
+
+    replicas: int = 0  # asked for: starting and ready
+    ready: int = 0
+    draining: int = 0
+    started_s: float | None = None  # create to ready of the newest replica, where the scaler timed it
+
+    @property
+    def starting(self) -> int:
+        return max(0, self.replicas - self.ready)
+
+
+class Reading(NamedTuple):
+    """One function as a metrics source measured it: the snapshot, less what the loop learns
+    (batch latencies, cold start, slice), and the window's batches as (requests per batch,
+    seconds per batch), None without a batch (metrics.batch_window)."""
+
+    snapshot: MetricsSnapshot
+    batch: tuple[float, float] | None = None
+
+
+class MetricsSource(Protocol):
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
+        """A reading per function whose metrics could be read; one left out keeps its count."""
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: FunctionSpec
+    revision: int
+    desired: int
+    decision: ScaleDecision | None = None  # None: the metrics were not read, the count is kept
+
+
+class Scaler(Protocol):
+    def observe(self, functions: Functions) -> dict[str, Fleet]:
+        """What runs, per function (and what died or lost its function is reaped)."""
+
+    def slice_for(self, spec: FunctionSpec) -> float:
+        """The share of a device the function's new replicas get now."""
+
+    async def apply(self, targets: dict[str, Target], keep: frozenset[str]) -> dict[str, int]:
+        """Make it so (`keep`: leave what runs for these alone); the functions whose replica
+        count this changed, each with the count it had."""
+
+
+# ---------------------------------------------------------------------- what a tick learns
+
+
+@dataclass
+class Memory:
+    """What the loop learns across ticks, per function."""
+
+    policy: dict[str, PolicyState] = field(default_factory=dict)
+    batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
+    cold: ColdStarts = field(default_factory=ColdStarts)
+
+    def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None) -> BatchTable:
+        """The function's batch latencies after this window; a table learned on another slice
+        is dropped (a new slice runs batches at another speed)."""
+        learned_on, table = self.batch.get(name, (slice_fraction, ()))
+        if learned_on != slice_fraction:
+            table = ()
+        if window is not None:
+            table = learn_batch_latency(table, *window)
+        self.batch[name] = (slice_fraction, table)
+        return table
+
+    def keep_only(self, names: set[str]) -> None:
+        forget_others(names, self.policy, self.batch)
+        self.cold.keep_only(names)
+
+    def clear(self) -> None:
+        self.policy.clear()
+        self.batch.clear()
+        self.cold.clear()
+
+
+class LoopMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"], registry=registry)
+        self.decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
+                                 ["function", "reason"], registry=registry)
+
+
+@dataclass
+class TickResult:
+    decisions: dict[str, ScaleDecision] = field(default_factory=dict)
+    unread: list[str] = field(default_factory=list)  # functions whose metrics could not be read
+    changed: dict[str, int] = field(default_factory=dict)  # function -> the count it had, where it changed
+
+
+# ---------------------------------------------------------------------- the tick
+
+
+class Loop:
+    def __init__(self, functions: FunctionSource, metrics: MetricsSource, scaler: Scaler, events: EventSink,
+                 registry: CollectorRegistry):
+        self.functions, self.metrics, self.scaler, self.events = functions, metrics, scaler, events
+        self.exported = LoopMetrics(registry)
+        self.memory = Memory()
+        self.snapshots: dict[str, MetricsSnapshot] = {}
+        self.decisions: dict[str, ScaleDecision] = {}
+        self._wake = asyncio.Event()
+        self._poked: set[str] = set()
+        self._stopping = False
+
+    async def tick(self, now: float, only: set[str] | None = None) -> TickResult:
+        """One look at every function (or only those in `only`), decided and applied."""
+        functions = self.functions.functions()
+        broken = frozenset(self.functions.broken)
+        fleets = self.scaler.observe(functions)
+        self.memory.keep_only(set(functions) | broken)
+        names = sorted(functions) if only is None else sorted(n for n in only if n in functions)
+        readings = await self.metrics.read({n: (functions[n][0], fleets.get(n, Fleet())) for n in names}, now)
+        result = TickResult()
+        targets = {n: self._target(n, *functions[n], fleets.get(n), readings.get(n), now, result) for n in names}
+        result.changed = await self.scaler.apply(targets, broken)
+        self._record(targets, result.changed)
+        self._export(set(functions) | set(fleets), fleets)
+        return result
+
+    def _target(self, name: str, spec: FunctionSpec, revision: int, fleet: Fleet | None, reading: Reading | None,
+                now: float, result: TickResult) -> Target:
+        self.memory.cold.observe(name, now, fleet.ready if fleet else 0)  # also while metrics are unread
+        if reading is None:  # metrics unreadable is not zero load: keep the count
+            result.unread.append(name)
+            return Target(spec, revision, fleet.replicas if fleet else spec.scaling.min_replicas)
+        fleet = fleet or Fleet()
+        snapshot = self._complete(name, spec, fleet, reading)
+        decision, self.memory.policy[name] = decide(snapshot, spec.scaling, self.memory.policy.get(name, PolicyState()),
+                                                    now)
+        self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
+        self.snapshots[name] = snapshot
+        self.decisions[name] = result.decisions[name] = decision
+        return Target(spec, revision, decision.desired, decision)
+
+    def _complete(self, name: str, spec: FunctionSpec, fleet: Fleet, reading: Reading) -> MetricsSnapshot:
+        """The reading with what the loop learned: batch latencies (a table of one size says
+        nothing of how a batch grows, so none until two), the cold start, the slice."""
+        slice_fraction = float(self.scaler.slice_for(spec))
+        table = self.memory.learn(name, slice_fraction, reading.batch)
+        cold_s = fleet.started_s if fleet.started_s is not None else self.memory.cold.latest.get(name)
+        return reading.snapshot._replace(slice_fraction=slice_fraction, cold_start_s=cold_s,
+                                         batch_latency_s=table if len(table) > 1 else ())
+
+    def _record(self, targets: dict[str, Target], changed: dict[str, int]) -> None:
+        """An event and a count only when something was done."""
+        for name, before in changed.items():
+            decision = targets[name].decision
+            if decision is None:
+                continue
+            self.exported.decisions.labels(name, decision.reason).inc()
+            self.events("scale", f"{before} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
+                        function=name, data={"from": before, "to": decision.desired, "reason": decision.reason})
+
+    def _export(self, names: set[str], fleets: dict[str, Fleet]) -> None:
+        for name in names:
+            fleet = fleets.get(name, Fleet())
+            for state, n in (("starting", fleet.starting), ("ready", fleet.ready), ("draining", fleet.draining)):
+                self.exported.replicas.labels(name, state).set(n)
+
+    # ------------------------------------------------------------------ shoal up's timing
+
+    def poke(self, function: str) -> None:
+        """Requests are waiting for `function`: reconcile it now, not at the next tick."""
+        self._poked.add(function)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self, tick_s: float, clock: Callable[[], float]) -> None:
+        """A tick every `tick_s`; a poked function at once, without starving the others' tick."""
+        last_full = clock()
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.0, last_full + tick_s - clock()))
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            poked, self._poked = self._poked, set()
+            full = clock() - last_full >= tick_s
+            if full:
+                last_full = clock()
+            try:
+                await self.tick(clock(), only=None if full else poked)
+            except Exception:  # a bad tick must not stop the control loop
+                log.exception("controller tick failed")

@@ -1,0 +1,148 @@
+"""Metrics from each replica's own /metrics: shoal up's MetricsSource (`ReplicaScrapes`).
+
+Every ready replica is scraped (`HttpScraper`, or `PrometheusSource` through a Prometheus that
+scrapes them); a function's rates come from the last two scrapes of each replica, its in-flight
+and held counts from the gateway. A replica stuck in its model past its function's timeout, or
+silent past `unresponsive_s`, is failed here (a liveness probe) and not counted. Imports neither
+deploy nor serving; the I/O is httpx only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from autoscaler.loop import Fleet, Reading
+from autoscaler.metrics import (
+    MetricsSnapshot,
+    ReplicaStat,
+    advance_window,
+    batch_window,
+    bucket_delta,
+    duty_cycle,
+    fraction_over,
+    merge_buckets,
+    parse_replica_metrics,
+    quantile,
+    request_rate,
+)
+from autoscaler.replicas import Replica, ReplicaScaler
+from functions.spec import LIMITS, FunctionSpec
+
+log = logging.getLogger("shoal.controller")
+
+
+class Scraper(Protocol):
+    # True when a failed scrape means the replica did not answer (a direct scrape), not
+    # that a metrics store has no sample yet: liveness is then judged by it
+    probes: bool
+
+    async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None: ...
+
+
+class HttpScraper:
+    """Reads a replica's /metrics over HTTP, parsed with prometheus_client's parser."""
+
+    probes = True  # a failed scrape: the replica did not answer
+
+    def __init__(self):
+        import httpx
+
+        self._client = httpx.AsyncClient(timeout=1.0)
+
+    async def scrape(self, replica: str, host: str, port: int, at: float):
+        response = await self._client.get(f"http://{host}:{port}/metrics")
+        response.raise_for_status()
+        return parse_replica_metrics(response.text, replica, at)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class ReplicaScrapes:
+    """The loop's MetricsSource on shoal up: the replicas are the scaler's, the counts the gateway's."""
+
+    def __init__(self, scaler: ReplicaScaler, scraper: Scraper):
+        self.scaler, self.scraper = scaler, scraper
+
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
+        readings = await asyncio.gather(*(self.reading(name, now, spec) for name, (spec, _) in wanted.items()))
+        return dict(zip(wanted, readings))
+
+    async def snapshot(self, name: str, now: float, spec: FunctionSpec | None = None) -> MetricsSnapshot:
+        return (await self.reading(name, now, spec)).snapshot
+
+    async def reading(self, name: str, now: float, spec: FunctionSpec | None = None) -> Reading:
+        mine = self.scaler.live(name)
+        ready = [r for r in mine if r.state == "ready"]
+        stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
+        live = [(r, s) for r, s in zip(ready, stats) if not self._dead(r, s, now) and s is not None]
+        w = _Window(live)
+        failed = sum(1 for r in ready if r.state == "failed")
+        router = self.scaler.router
+        merged = merge_buckets(w.deltas)
+        snapshot = MetricsSnapshot(
+            function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
+            inflight=float(router.outstanding(name)), queued=w.queued, activator_queue=router.held(name),
+            # the window's length, only when it is a new window: the same rates read again (Prometheus
+            # has not scraped since) are no second measurement of the rate's variance
+            duty=tuple(w.duties), rps=w.rps, window_s=w.windows / len(w.duties) if w.duties and w.moved else 0.0,
+            p95_s=quantile(merged, 0.95), service_s=w.busy / w.answered if w.answered else None,
+            over_slo=fraction_over(merged, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
+        )
+        # in requests, the unit of rps and in-flight
+        return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
+
+    def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
+        """Liveness: a replica whose model has been inside one call past its function's
+        timeout, or that has answered no scrape for `unresponsive_s`, is failed; the policy
+        then starts another. Its requests were answered 504 by its own timer."""
+        why = None
+        timeout_s = replica.spec.timeout_s if replica.spec is not None else LIMITS.request_timeout_s
+        if stat is not None:
+            replica.seen_at = now
+            if stat.stalled_s > timeout_s:
+                why = f"its model has been inside one call for {stat.stalled_s:.1f} s (timeout {timeout_s:g} s)"
+        elif getattr(self.scraper, "probes", False) and now - replica.seen_at > max(
+                self.scaler.config.unresponsive_s, timeout_s):
+            # silent: a frozen process, or a model call that holds the GIL; a busy replica gets
+            # at least its function's timeout before it is judged
+            why = f"it answered no scrape for {now - replica.seen_at:.1f} s"
+        if why is None:
+            return False
+        self.scaler.fail(replica, f"{replica.id} is not live: {why}; replacing it")
+        return True
+
+    async def _scrape(self, replica: Replica, now: float) -> ReplicaStat | None:
+        try:
+            return await self.scraper.scrape(replica.id, replica.handle.host, replica.handle.port, now)
+        except Exception as exc:  # a replica that cannot be scraped is judged by its process state
+            log.debug("scrape of %s failed: %s", replica.id, exc)
+            return None
+
+
+class _Window:
+    """The function's window summed over its replicas' last two scrapes; each replica's window
+    moves on with this scrape (metrics.advance_window)."""
+
+    def __init__(self, scraped: list[tuple[Replica, ReplicaStat]]):
+        self.duties: list[float] = []
+        self.deltas: list[tuple[tuple[float, float], ...]] = []
+        self.rps = self.queued = self.busy = self.answered = self.batches = self.windows = 0.0
+        self.moved = False  # some replica's window moved on: a scrape newer than the last look's
+        for replica, stat in scraped:
+            self.moved = self.moved or not replica.stats or stat.at > replica.stats[-1].at
+            replica.stats = advance_window(replica.stats, stat)
+            self._add(replica.stats[0] if len(replica.stats) == 2 else None, replica.stats[-1])
+
+    def _add(self, prev: ReplicaStat | None, stat: ReplicaStat) -> None:
+        self.queued += stat.queued
+        if prev is not None:
+            self.duties.append(duty_cycle(prev, stat))
+            self.rps += request_rate(prev, stat)
+            self.windows += stat.at - prev.at
+            self.busy += max(0.0, stat.busy_s - prev.busy_s)
+            self.answered += max(0.0, stat.completed - prev.completed)
+            self.batches += max(0.0, stat.batches - prev.batches)
+        self.deltas.append(bucket_delta(prev, stat))

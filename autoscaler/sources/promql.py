@@ -1,0 +1,292 @@
+"""Metrics through Prometheus's HTTP API (PromQL): one client (`PromQL`), two readers.
+
+- `PrometheusSource`: shoal up's per-replica Scraper (`shoal up --metrics-source prometheus`): one
+  range query per replica, mapped by `stat_from_query` exactly as `parse_replica_metrics` maps the
+  replica's own page. A stat carries Prometheus's scrape time, not the query's, so a rate between
+  two stats divides by the time that really passed between the two scrapes.
+- `FunctionQueries`: the cluster's MetricsSource: `cluster_queries` (nine queries a tick, whatever
+  the number of functions) mapped by `snapshot_from_results` (pure); Prometheus unreachable reads
+  as no reading (every function keeps its count), not as zero load.
+
+Imports neither deploy nor serving; the I/O is httpx only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+from autoscaler.loop import Fleet, Reading
+from autoscaler.metrics import (
+    MetricsSnapshot,
+    ReplicaStat,
+    batch_window,
+    cumulative_histogram,
+    fraction_over,
+    learn_batch_latency,
+)
+from functions.spec import FunctionSpec
+
+log = logging.getLogger("shoal.prometheus")
+
+REQUESTS = "shoal_replica_requests_total"
+BUCKETS = "shoal_replica_request_duration_seconds_bucket"
+GAUGES = {  # metric name -> ReplicaStat field
+    "shoal_replica_inflight": "inflight",
+    "shoal_replica_queued": "queued",
+    "shoal_replica_busy_seconds_total": "busy_s",
+    "shoal_replica_model_load_seconds": "model_load_s",
+    "shoal_replica_stalled_seconds": "stalled_s",
+    "shoal_replica_batch_size_count": "batches",
+    "shoal_replica_batch_size_sum": "batch_rows",
+}
+NAMES = (REQUESTS, BUCKETS, *GAUGES)
+
+
+def replica_query(instance: str, lookback_s: float) -> str:
+    """Every series the controller needs from one replica, with their raw samples.
+    E.g. {__name__=~"shoal_replica_(requests_total|...)",instance="127.0.0.1:9001"}[60s]."""
+    suffixes = "|".join(name.removeprefix("shoal_replica_") for name in NAMES)
+    escaped = instance.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{{__name__=~"shoal_replica_({suffixes})",instance="{escaped}"}}[{_duration(lookback_s)}]'
+
+
+def _duration(seconds: float) -> str:
+    """A PromQL duration in whole milliseconds (2.42 takes no fractions): 60 -> 60000ms."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def stat_from_query(data: dict[str, Any], replica: str) -> ReplicaStat | None:
+    """The ReplicaStat in the `data` of a successful answer to `replica_query`; None when
+    Prometheus holds no sample of the replica (not scraped yet, or gone).
+
+    Only series sampled by the newest scrape count, as only they are on the replica's
+    page now (an older series is one the replica stopped exporting, or a replica that
+    had the same address before). NaN samples are treated as absent: a NaN counter
+    would make every rate NaN. A histogram without its +Inf bucket is dropped, since
+    `quantile()` reads the total count from the last bucket.
+    """
+    latest = [(series["metric"], series["values"][-1]) for series in data.get("result", []) if series.get("values")]
+    if not latest:
+        return None
+    at = max(float(sample[0]) for _, sample in latest)
+    fields: dict[str, float] = {}
+    completed = errors = 0.0
+    buckets: list[tuple[float, float]] = []
+    for labels, (ts, text) in latest:
+        value = float(text)
+        if float(ts) != at or math.isnan(value):
+            continue
+        name = labels.get("__name__", "")
+        if name == REQUESTS:
+            completed += value
+            if labels.get("code", "").startswith("5"):
+                errors += value
+        elif name == BUCKETS and "le" in labels:
+            buckets.append((float(labels["le"]), value))
+        elif name in GAUGES:
+            fields[GAUGES[name]] = value
+    return ReplicaStat(replica=replica, at=at, completed=completed, errors=errors,
+                       latency_buckets=cumulative_histogram(buckets), **fields)
+
+
+class PromQLError(RuntimeError):
+    """Prometheus answered, but not with a successful query result."""
+
+
+class PromQL:
+    """Instant queries against Prometheus's HTTP API (`/api/v1/query`)."""
+
+    def __init__(self, url: str, timeout_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None):
+        self.url = url.rstrip("/")
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+
+    async def query(self, promql: str) -> dict[str, Any]:
+        """The `data` of a successful answer; raises httpx.HTTPError or PromQLError."""
+        response = await self._client.get(f"{self.url}/api/v1/query", params={"query": promql})
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text[:200]
+        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            raise PromQLError(f"Prometheus answered {response.status_code}: "
+                              f"{body.get('error', body) if isinstance(body, dict) else body}")
+        return body.get("data") or {}
+
+    async def vector(self, promql: str) -> list[dict[str, Any]]:
+        """The `data.result` of an instant query."""
+        return (await self.query(promql)).get("result") or []
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class PrometheusSource:
+    """shoal up's Scraper, read from Prometheus instead of the replicas.
+
+    A replica is the series whose `instance` label is its host:port (Prometheus' default
+    for a static or file_sd target). Prometheus unreachable, or an answer other than
+    success, reads as "not scraped" (None), logged at debug like a failed direct scrape.
+    """
+
+    probes = False  # no sample yet says nothing about the replica: liveness is not judged by it
+
+    def __init__(self, url: str, lookback_s: float = 60.0, timeout_s: float = 1.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        if lookback_s <= 0:
+            raise ValueError(f"lookback_s ({lookback_s}) must be > 0: it must cover at least one scrape interval")
+        self.promql = PromQL(url, timeout_s, transport)
+        self.lookback_s = lookback_s
+
+    async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None:
+        """`at` (the controller's clock) is not used: the stat carries Prometheus' scrape time."""
+        try:
+            data = await self.promql.query(replica_query(f"{host}:{port}", self.lookback_s))
+        except (httpx.HTTPError, PromQLError) as exc:
+            log.debug("Prometheus query for %s at %s failed: %s", replica, self.promql.url, exc)
+            return None
+        return stat_from_query(data, replica)
+
+    async def close(self) -> None:
+        await self.promql.close()
+
+
+# ---------------------------------------------------------------------- the cluster: by function
+
+
+WINDOW_S = 30.0  # what the rates of a snapshot are measured over
+WINDOW = f"{WINDOW_S:g}s"  # the same in PromQL: "30s"
+POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
+
+
+def cluster_queries(window: str = WINDOW) -> dict[str, str]:
+    """PromQL for every function's snapshot at once: nine queries a tick, whatever the number of
+    functions (one per function would make a tick outlast the Lease on a large cluster)."""
+    by = "by (function)"
+    return {
+        "rps": f"sum {by} (rate(shoal_replica_requests_total[{window}]))",
+        "duty": f"sum by (function, pod) (rate(shoal_replica_busy_seconds_total[{window}]))",
+        "p95_s": f"histogram_quantile(0.95, sum by (function, le) "
+                 f"(rate(shoal_replica_request_duration_seconds_bucket[{window}])))",
+        "inflight": f"sum {by} (shoal_replica_inflight)",
+        "queued": f"sum {by} (shoal_replica_queued)",
+        "held": f"sum {by} (shoal_activator_queue_depth)",
+        "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
+        "buckets": f"sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[{window}]))",
+        "batches": f"sum {by} (rate(shoal_replica_batch_size_count[{window}]))",
+    }
+
+
+def by_function(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The vectors of `cluster_queries`, split by their `function` label (pure)."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for key, vector in results.items():
+        for sample in vector:
+            function = (sample.get("metric") or {}).get("function")
+            if function:
+                out.setdefault(function, {}).setdefault(key, []).append(sample)
+    return out
+
+
+def _scalar(result: list[dict[str, Any]]) -> float | None:
+    """The value of a one-sample vector (None: no sample, or NaN such as a quantile of nothing)."""
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return value if math.isfinite(value) else None
+
+
+def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], ...]:
+    """The cumulative histogram ((le, requests per second), ...) of a `buckets` vector
+    (metrics.cumulative_histogram; pure); a sample without a numeric bound is left out."""
+    pairs = []
+    for sample in result:
+        try:
+            pairs.append((float((sample.get("metric") or {})["le"]), float(sample["value"][1])))
+        except (KeyError, ValueError):
+            continue
+    return cumulative_histogram(pairs)
+
+
+def snapshot_from_results(function: str, now: float, fleet: Fleet | None, results: dict[str, list],
+                          slice_fraction: float | None = None, slo_s: float | None = None,
+                          batch_latency: tuple[tuple[float, float], ...] = (),
+                          window_s: float = WINDOW_S, cold_start_s: float | None = None) -> MetricsSnapshot:
+    """A MetricsSnapshot from the `data.result` vectors of `cluster_queries` (pure): with the
+    function's SLO, the share of the window's requests over it; with the batch latencies
+    learned so far (`learn_batch`), the table the policy sizes a batching model on. `fleet`:
+    anything with the function's `replicas` and `ready` counts."""
+    rps = _scalar(results.get("rps", [])) or 0.0
+    busy = _scalar(results.get("busy", [])) or 0.0
+    # the busiest `ready` pods: a pod still starting, or gone within the window, shows little work and
+    # must not stand in for a ready one
+    duties = tuple(sorted((min(1.0, max(0.0, float(s["value"][1]))) for s in results.get("duty", [])
+                           if math.isfinite(float(s["value"][1]))), reverse=True))
+    ready = fleet.ready if fleet else 0
+    current = fleet.replicas if fleet else 0
+    return MetricsSnapshot(
+        function=function, at=now, ready=ready, starting=max(0, current - ready),
+        inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
+        activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
+        rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
+        service_s=busy / rps if rps > 0 else None, cold_start_s=cold_start_s,
+        batch_latency_s=batch_latency if len(batch_latency) > 1 else (),
+        over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
+        window_s=window_s,
+    )
+
+
+def batch_of(results: dict[str, list]) -> tuple[float, float] | None:
+    """The window's batches (metrics.batch_window) from rates over it: batches, requests answered
+    and busy seconds per second give the requests per batch and the seconds per batch (pure).
+    E.g. 8 batches/s, 38 requests/s, 0.04 busy s/s: 4.75 requests in 5 ms."""
+    return batch_window(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
+                        _scalar(results.get("busy", [])) or 0.0)
+
+
+def learn_batch(table: tuple[tuple[float, float], ...], results: dict[str, list]) -> tuple[tuple[float, float], ...]:
+    """The function's batch latencies after this window (metrics.learn_batch_latency; pure)."""
+    window = batch_of(results)
+    return table if window is None else learn_batch_latency(table, *window)
+
+
+Query = Callable[[str], "list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]"]
+
+
+class FunctionQueries:
+    """The cluster's MetricsSource: `cluster_queries` for every function at once, and what the
+    gateways poke (requests held, counted at once: Prometheus sees the queue only after its next
+    scrape, and a poke counts POKE_TTL_S)."""
+
+    def __init__(self, query: Query):
+        """`query(promql)` returns (or awaits to) the `data.result` of an instant query, or raises."""
+        self.query = query
+        self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held)
+
+    def poke(self, function: str, held: int, now: float) -> None:
+        self.pokes[function] = (now, max(0, held))
+
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
+        self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}  # names poked once go
+        try:
+            per_function = by_function({key: await self._vector(q) for key, q in cluster_queries().items()})
+        except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load
+            log.warning("metrics unavailable (%s); every function keeps its replica count", exc)
+            return {}
+        return {name: self._reading(name, spec, fleet, per_function.get(name, {}), now)
+                for name, (spec, fleet) in wanted.items()}
+
+    def _reading(self, name: str, spec: FunctionSpec, fleet: Fleet, results: dict[str, list], now: float) -> Reading:
+        snapshot = snapshot_from_results(name, now, fleet, results, slo_s=spec.scaling.slo_p95_ms / 1000.0)
+        poked_at, held = self.pokes.get(name, (0.0, 0))
+        if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
+            snapshot = snapshot._replace(activator_queue=held)
+        return Reading(snapshot, batch_of(results))
+
+    async def _vector(self, promql: str) -> list[dict[str, Any]]:
+        result = self.query(promql)
+        return await result if inspect.isawaitable(result) else result

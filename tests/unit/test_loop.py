@@ -1,0 +1,242 @@
+"""One control loop for both platforms: shoal up's (`deploy.local.server.control_loop`: the replica
+scaler, per-replica scrapes) and the cluster controller's (`ClusterController`: the Kubernetes
+scaler on the fake API server, PromQL answers in the recorded shape) go through the same
+`autoscaler.loop.Loop.tick` and, given the same load, decide and ask for the same replicas.
+Fake clocks, no processes, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from autoscaler.loop import Loop, Memory, Target
+from autoscaler.metrics import ReplicaStat
+from autoscaler.placement import Device, Inventory
+from autoscaler.policy import ScaleDecision
+from autoscaler.replicas import ControllerConfig
+from autoscaler.sources.promql import cluster_queries
+from deploy.cluster.backend import KubernetesBackend
+from deploy.cluster.configmaps import ConfigMapFunctions
+from deploy.cluster.controller import ClusterController
+from deploy.cluster.manifests.render import Cluster
+from deploy.cluster.render import artifact_for
+from deploy.local.server import control_loop
+from functions.spec import spec_from_dict
+from tests.fakes.kube import FakeKube
+
+SPEC = {"name": "digits", "artifact": f"sha256:{'a' * 64}/digits.onnx", "slice": "1/4",
+        "scaling": {"max_replicas": 6, "target_concurrency": 2}}
+T0 = 1000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---------------------------------------------------------------------- shoal up, with fakes at its edges
+
+
+class _Functions:
+    broken = frozenset()
+
+    def functions(self):
+        return {"digits": (spec_from_dict(SPEC), 1)}
+
+
+class _Backend:
+    """Replicas that start at once: 0.2 s to live, 0.5 s to ready."""
+
+    async def create(self, replica_id, spec, placement):
+        return SimpleNamespace(host="127.0.0.1", port=9000)
+
+    async def wait_ready(self, handle, timeout_s):
+        return 0.2, 0.5
+
+    async def stop(self, handle, grace_s):
+        pass
+
+    def exited(self, handle):
+        return None
+
+
+class _Gateway:
+    def __init__(self) -> None:
+        self.inflight, self.waiting = 0, 0
+
+    def outstanding(self, function):
+        return self.inflight
+
+    def held(self, function):
+        return self.waiting
+
+    def add_endpoint(self, *args, **kwargs):
+        pass
+
+    def fail_waiters(self, function, message):
+        raise AssertionError(f"no request should be failed here: {message}")
+
+    def forget(self, function):
+        pass
+
+
+class _Scraper:
+    probes = True
+
+    def __init__(self, clock: Clock, gateway: _Gateway) -> None:
+        self.clock, self.gateway = clock, gateway
+
+    async def scrape(self, replica, host, port, at):
+        return ReplicaStat(replica, self.clock())  # a first scrape: counts, but no window yet
+
+
+class Local:
+    """shoal up: the loop `ControlPlane` runs, ticked as `Loop.run` ticks it."""
+
+    def __init__(self) -> None:
+        self.clock, self.gateway, self.events = Clock(), _Gateway(), []
+        cpus = [Device(f"cpu:{i}", "cpu", 16384, cpus=(2 * i, 2 * i + 1)) for i in range(2)]  # 8 slices of 1/4
+        self.loop = control_loop(_Functions(), _Backend(), self.gateway, Inventory(tuple(cpus)),
+                                 _Scraper(self.clock, self.gateway), lambda *a, **k: self.events.append(a),
+                                 CollectorRegistry(),
+                                 ControllerConfig())
+        self.loop.scaler.clock = self.clock
+        self.runner = asyncio.new_event_loop()
+
+    def load(self, held: int, inflight: int) -> None:
+        self.gateway.waiting, self.gateway.inflight = held, inflight
+
+    def tick(self):
+        self.runner.run_until_complete(self.loop.tick(self.clock()))
+        return self.loop.decisions["digits"]
+
+    def start_what_was_asked(self) -> None:
+        async def started():
+            await asyncio.gather(*self.loop.scaler._tasks)
+
+        self.runner.run_until_complete(started())
+
+    def replicas(self) -> int:
+        return len(self.loop.scaler.live("digits"))
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+# ---------------------------------------------------------------------- the cluster, on the fake API server
+
+
+class Kubernetes:
+    """shoal controller: the ClusterController, ticked as its thread ticks it."""
+
+    def __init__(self) -> None:
+        self.clock, self.kube = Clock(), FakeKube()
+        self.kube.create_namespaced_config_map("shoal", ConfigMapFunctions.config_map(SPEC, 1, "shoal"))
+        self.answers: dict[str, list] = {key: [] for key in cluster_queries()}
+        backend = KubernetesBackend(Cluster(), self.kube, self.kube, self.kube, clock=self.clock, identity="a")
+        self.ctl = ClusterController(backend, ConfigMapFunctions(self.kube, "shoal"), self._query,
+                                     lambda spec: artifact_for(spec, "pvc", ""), self.clock)
+
+    def _query(self, promql: str) -> list[dict]:
+        return self.answers[next(k for k, q in cluster_queries().items() if q == promql)]
+
+    def load(self, held: int, inflight: int) -> None:
+        for key, value in (("held", held), ("inflight", inflight)):
+            self.answers[key] = [{"metric": {"function": "digits"}, "value": [T0, repr(float(value))]}]
+
+    def tick(self):
+        return self.ctl.tick().decisions["digits"]
+
+    def start_what_was_asked(self) -> None:
+        deployment = self.kube.deployments[("shoal", "fn-digits")]
+        deployment["status"]["readyReplicas"] = deployment["spec"]["replicas"]
+
+    def replicas(self) -> int:
+        return self.kube.deployments[("shoal", "fn-digits")]["spec"]["replicas"]
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- the same tick, the same decisions
+
+
+STEPS = [
+    # (seconds since T0, held at the gateway, in flight inside replicas) -> (reason, replicas asked for)
+    # nothing runs, 4 held, 2 per replica: ceil(4 / 2) = 2, at once
+    ((0, 4, 0), ("COLD_START", 2)),
+    # the 2 are ready, 12 in flight, averaged over 5 s: 12 x (1 - e^(-10/5)) = 10.4 -> ceil(10.4 / 2) = 6
+    ((10, 0, 12), ("BURST", 6)),
+    # idle: 10.4 x e^(-10/5) = 1.4 in flight -> 1 replica, but scale-down waits 30 s of lower need
+    ((20, 0, 0), ("STABLE", 6)),
+]
+
+
+@pytest.mark.parametrize("platform", [Local, Kubernetes], ids=["shoal-up", "shoal-controller"])
+def test_both_platforms_tick_through_the_one_loop(platform, monkeypatch):
+    ticks = []
+    tick = Loop.tick
+
+    async def counted(self, now, only=None):
+        ticks.append(now)
+        return await tick(self, now, only)
+
+    monkeypatch.setattr(Loop, "tick", counted)
+    p = platform()
+    try:
+        seen = []
+        for (at, held, inflight), _ in STEPS:
+            p.clock.t = T0 + at
+            p.load(held, inflight)
+            decision = p.tick()
+            seen.append(((decision.reason, decision.desired), p.replicas()))
+            p.start_what_was_asked()
+    finally:
+        p.close()
+    assert ticks == [T0 + at for (at, _, _), _ in STEPS]
+    assert seen == [(expected, expected[1]) for _, expected in STEPS]
+
+
+LEARN_CASES = [
+    # id, (table learned on 1/4), slice now, window (requests per batch, seconds per batch) -> table
+    ("first-window", (), 0.25, (1.0, 0.004), ((1.0, 0.004),)),
+    # 7.6 rounds to bucket 8, new beside bucket 1
+    ("a-new-size", ((1.0, 0.004),), 0.25, (7.6, 0.0059), ((1.0, 0.004), (7.6, 0.0059))),
+    ("no-batch-keeps-it", ((1.0, 0.004),), 0.25, None, ((1.0, 0.004),)),
+    # the policy moved new replicas to 1/2: what 1/4 ran says nothing of it
+    ("a-new-slice-starts-afresh", ((1.0, 0.004), (7.6, 0.0059)), 0.5, (1.0, 0.002), ((1.0, 0.002),)),
+    ("a-new-slice-without-a-batch", ((1.0, 0.004),), 0.5, None, ()),
+]
+
+
+@pytest.mark.parametrize("table, slice_now, window, expected", [c[1:] for c in LEARN_CASES],
+                         ids=[c[0] for c in LEARN_CASES])
+def test_batch_latencies_are_learned_per_slice(table, slice_now, window, expected):
+    memory = Memory(batch={"f": (0.25, table)})
+    assert memory.learn("f", slice_now, window) == expected
+    assert memory.batch["f"] == (slice_now, expected)
+
+
+def test_a_slice_hint_reaches_the_next_snapshot_and_drops_the_batch_table():
+    """shoal up starts new replicas on the slice the policy hints (1/4 -> 1/2); the batch
+    latencies learned on 1/4 say nothing of 1/2, so the loop's next look starts afresh."""
+    local = Local()
+    spec = spec_from_dict(SPEC)
+    local.loop.memory.batch["digits"] = (0.25, ((1.0, 0.004), (7.6, 0.0059)))
+    hint = ScaleDecision(0, "SLICE", "duty 0.90 on a 0.25 slice -> 0.5", slice_fraction=0.5)
+    try:
+        changed = local.runner.run_until_complete(local.loop.scaler.apply({"digits": Target(spec, 1, 0, hint)},
+                                                                          frozenset()))
+        local.load(0, 0)
+        local.tick()
+    finally:
+        local.close()
+    assert changed == {} and [e[0] for e in local.events] == ["slice"]  # 0 -> 0 replicas: no scale
+    assert local.loop.snapshots["digits"].slice_fraction == 0.5
+    assert local.loop.memory.batch["digits"] == (0.5, ())
