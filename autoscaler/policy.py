@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -49,8 +49,9 @@ REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD"
 EPS = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class ScaleDecision:
+class ScaleDecision(NamedTuple):
+    """What decide() answers; immutable (a NamedTuple, as PolicyState: one is built for every look)."""
+
     desired: int
     reason: str
     detail: str = ""
@@ -639,9 +640,9 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if wanted is None:
         return decision, state
     detail = f"duty {state.duty_avg:.2f} on a {current_slice:g} slice -> {wanted:g}"
-    hinted = replace(decision, slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
+    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
     if decision.reason in ("STABLE", "HOLD"):
-        hinted = replace(hinted, reason="SLICE")
+        hinted = hinted._replace(reason="SLICE")
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
