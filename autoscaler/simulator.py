@@ -44,7 +44,7 @@ import time as _time
 import warnings
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -439,7 +439,7 @@ class Simulation:
             for fid, i in zip(cold_f.tolist(), first.tolist()):
                 if self.n_srv[fid] == 0 and self.policy.reactive:
                     waiting = len(self.held.get(fid, ())) + 1
-                    self._decide(fid, float(cold_a[i]), activator_queue=waiting, fresh=True)
+                    self._decide(fid, float(cold_a[i]), activator_queue=waiting)
         if not self.held and not cold.any():
             return a, f
         # everything for a function with servers is served; the rest waits
@@ -673,54 +673,61 @@ class Simulation:
         while self.wakes and self.wakes[0][0] < t1:
             when, fid = heapq.heappop(self.wakes)
             if self.n_srv[fid] == 0 and fid not in self.held:
-                self._decide(fid, max(when, t1 - self.config.tick_s), activator_queue=0, fresh=True)
+                self._decide(fid, max(when, t1 - self.config.tick_s), activator_queue=0)
 
     def _decide_all(self, t1: float) -> None:
         """Every function with replicas, except idle ones its policy said it would leave
-        alone until later (looked at again at that time or at their next request)."""
+        alone until later (looked at again at that time or at their next request); then
+        those without one that hold requests."""
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
-        # this tick's numbers as Python floats, gathered once: indexing numpy per function costs more
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
-        tick = zip(live.tolist(), ready[live].tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
-                   self.tick_busy[live].tolist(), self.tick_p95[live].tolist(), self.tick_over[live].tolist())
-        held = self.held
-        for fid, r, n, lat, busy, p95, over in tick:
-            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95, over), ready=r)
-        for fid in [x for x in self.held if self.n_srv[x] == 0]:
-            self._decide(fid, t1, activator_queue=len(self.held[fid]))
+        for fid, snapshot in zip(live.tolist(), self._tick_snapshots(live, ready[live], t1)):
+            self._look(fid, snapshot, t1)
+        waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
+        for fid, snapshot in zip(waiting.tolist(), self._tick_snapshots(waiting, ready[waiting], t1)):
+            self._look(fid, snapshot, t1)
 
-    def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
-                measured: tuple[float, float, float, float, float] | None = None, ready: int | None = None) -> None:
-        """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95, over the SLO),
-        read from the tick arrays when not given; `ready`: its replicas ready at `now`."""
+    def _tick_snapshots(self, fids: np.ndarray, ready: np.ndarray, now: float) -> Iterator[MetricsSnapshot]:
+        """The snapshot of each of `fids` (`ready` replicas ready at `now`) from this tick's
+        measurements: concurrency by Little's law (summed latency / tick), the duty of each
+        ready replica (busy seconds / (ready x tick), at most 1), p95, seconds of service
+        and the share over the SLO per request answered. The tick's numbers come from numpy
+        at once; each snapshot is built when its look comes (counts and held requests as then)."""
         dt = self.config.tick_s
-        srv = self.servers
+        n, busy = self.tick_n[fids], self.tick_busy[fids]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
+            service = np.where(n > 0, busy / n, np.nan)
+            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)
+        held = self.held
+        for fid, r, inflight, d, rps, p95, s, over in zip(
+                fids.tolist(), ready.tolist(), (self.tick_lat[fids] / dt).tolist(), duty.tolist(), (n / dt).tolist(),
+                self.tick_p95[fids].tolist(), service.tolist(), over_slo.tolist()):
+            yield MetricsSnapshot(
+                self._names[fid], now, ready=r, starting=len(self.slots[fid]) - r, inflight=inflight,
+                activator_queue=len(held[fid]) if fid in held else 0, duty=(d,) * r, rps=rps,
+                p95_s=None if math.isnan(p95) else p95, cold_start_s=self._cold[fid],
+                slice_fraction=self._slice_of[fid], service_s=None if math.isnan(s) else s,
+                batch_latency_s=self._batch_latency(fid), over_slo=over, window_s=dt)
+
+    def _decide(self, fid: int, now: float, activator_queue: int) -> None:
+        """A look between ticks (a request held, a pre-warm due): only the held requests are known."""
         mine = self.slots[fid]
-        if ready is None:
-            ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else \
-                sum(1 for s in mine if srv.ready_at[s] <= now)
-        cold = self._cold[fid]
-        if fresh:  # between ticks: only the held requests are known
-            snapshot = MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
-                                       activator_queue=activator_queue, cold_start_s=cold,
-                                       slice_fraction=self._slice_of[fid],
-                                       batch_latency_s=self._batch_latency(fid))  # known, as the controller keeps it
-        else:
-            if measured is None:
-                measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),
-                            float(self.tick_p95[fid]), float(self.tick_over[fid]))
-            n, lat, busy, p95, over = measured
-            duty = min(1.0, busy / (ready * dt)) if ready else 0.0
-            snapshot = MetricsSnapshot(
-                self._names[fid], now, ready=ready, starting=len(mine) - ready, inflight=lat / dt,
-                activator_queue=activator_queue, duty=(duty,) * ready, rps=n / dt,
-                p95_s=None if math.isnan(p95) else p95, cold_start_s=cold, slice_fraction=self._slice_of[fid],
-                service_s=busy / n if n else None, batch_latency_s=self._batch_latency(fid),
-                over_slo=over / n if n else 0.0, window_s=dt)
+        ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
+        self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
+                                        activator_queue=activator_queue, cold_start_s=self._cold[fid],
+                                        slice_fraction=self._slice_of[fid],
+                                        batch_latency_s=self._batch_latency(fid)),  # known, as the controller keeps it
+                   now)
+
+    def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
+        """The policy's decision on `snapshot`, applied; when the policy may leave the function
+        alone (idle) or should be asked again (a pre-warm ahead)."""
         decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
         self._apply(fid, decision, now)
-        current = len(mine)  # the same as n_srv[fid], without a numpy read
+        current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
+        cold = self._cold[fid]
         if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
             self.quiet[fid] = self.policy.quiet_until(fid, current, now, cold)
         else:
