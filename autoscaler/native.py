@@ -45,7 +45,10 @@ def load(module: str) -> ModuleType:
         return _loaded[module]
     root, sources = _sources(module)
     name = f"shoal_{module.rsplit('.', 1)[-1]}_{_key(sources)}"
-    built = _find(cache_dir(), name) or _build(module, root, name)
+    try:
+        built = _find(cache_dir(), name) or _build(module, root, name)
+    except OSError as error:  # an unwritable cache, a full disk
+        raise CompileError(f"building {module} in {cache_dir()}: {error}") from error
     spec = importlib.util.spec_from_file_location(name, built)
     if spec is None or spec.loader is None:
         raise CompileError(f"{built} is not a loadable extension module")
