@@ -334,9 +334,8 @@ class Simulation:
         self.held: dict[int, list[float]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
-        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._batch_of: dict[int, tuple[float, tuple, int]] = {}  # per function: (replicas' speed, table, version)
-        self._changed = np.zeros(n, np.int64)  # per function, bumped when its replicas change (invalidates _batch_of)
+        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}  # shared by (profile, speed)
+        self._tables = [self._batch_table(fid) for fid in range(n)]  # per function, kept as its replicas change
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -709,7 +708,7 @@ class Simulation:
                 activator_queue=len(held[fid]) if fid in held else 0, duty=(d,) * r, rps=rps,
                 p95_s=None if math.isnan(p95) else p95, cold_start_s=self._cold[fid],
                 slice_fraction=self._slice_of[fid], service_s=None if math.isnan(s) else s,
-                batch_latency_s=self._batch_latency(fid), over_slo=over, window_s=dt)
+                batch_latency_s=self._tables[fid], over_slo=over, window_s=dt)
 
     def _decide(self, fid: int, now: float, activator_queue: int) -> None:
         """A look between ticks (a request held, a pre-warm due): only the held requests are known."""
@@ -718,7 +717,7 @@ class Simulation:
         self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                         activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                         slice_fraction=self._slice_of[fid],
-                                        batch_latency_s=self._batch_latency(fid)),  # known, as the controller keeps it
+                                        batch_latency_s=self._tables[fid]),  # known, as the controller keeps it
                    now)
 
     def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
@@ -737,30 +736,24 @@ class Simulation:
             if wake is not None and wake > now:
                 heapq.heappush(self.wakes, (wake, fid))
 
-    def _batch_latency(self, fid: int) -> tuple[tuple[float, float], ...]:
+    def _batch_table(self, fid: int) -> tuple[tuple[float, float], ...]:
         """The profile's batch latencies on the slices of the function's replicas (their mean
         speed), as the controller learns them from the replicas' batches: what a real policy
-        knows after some traffic. After a slice hint, replicas on the old slice still serve,
-        so the table follows the replicas, not the slice new ones will get."""
-        cached = self._batch_of.get(fid)
-        if cached is not None and cached[2] == self._changed[fid]:
-            return cached[1]
+        knows after some traffic; without replicas, on the slice new ones will get. After a
+        slice hint, replicas on the old slice still serve, so the table follows the replicas:
+        it is made again when they change (_start, _stop), not at each look."""
         mine = self.slots[fid]
         if mine:
             speed = self.servers.speed
             key_speed = round(sum(speed[x] for x in mine) / len(mine), 6) if len(mine) > 1 else float(speed[mine[0]])
         else:
             key_speed = self.profiles[fid].ref_slice / self._slice_of[fid]
-        if cached is not None and cached[0] == key_speed:
-            self._batch_of[fid] = (key_speed, cached[1], self._changed[fid])
-            return cached[1]
         profile = self.profiles[fid]
         key = (profile.latency_ms, key_speed)
         table = self._batch_tables.get(key)
         if table is None:
             table = tuple((float(b), ms / 1000.0 * key_speed) for b, ms in profile.latency_ms)
             table = self._batch_tables[key] = table if len(table) > 1 else ()
-        self._batch_of[fid] = (key_speed, table, self._changed[fid])
         return table
 
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
@@ -786,13 +779,13 @@ class Simulation:
             placed = self.cluster.place(Demand(replica, name, Fraction(fraction).limit_denominator(64), memory, ("gpu",)))
             if isinstance(placed, Unplaceable):
                 self.unplaceable += 1
-                return
+                break
             slot = self.servers.add(fid, now + float(self.cold[fid]), profile.ref_slice / fraction, fraction)
             self.slots[fid].append(slot)
             self.replica_slot[replica], self.slot_replica[slot] = slot, replica
             self.n_srv[fid] += 1
             self.starts += 1
-            self._changed[fid] += 1
+        self._tables[fid] = self._batch_table(fid)
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
@@ -813,7 +806,7 @@ class Simulation:
             srv.remove(slot)
             self.slots[fid].remove(slot)
             self.n_srv[fid] -= 1
-            self._changed[fid] += 1
+        self._tables[fid] = self._batch_table(fid)
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:
