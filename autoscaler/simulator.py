@@ -727,7 +727,7 @@ class Simulation:
         self._apply(fid, decision, now)
         current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
         cold = self._cold[fid]
-        if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
+        if snapshot.rps == 0 and snapshot.demand == 0 and current and decision.desired == current and not snapshot.starting:
             self.quiet[fid] = self.policy.quiet_until(fid, current, now, cold)
         else:
             self.quiet[fid] = 0.0
