@@ -1,4 +1,4 @@
-"""A pure module of Shoal compiled by mypyc at first use, from its source as it is now.
+"""Pure modules of Shoal compiled by mypyc at first use, from their source as it is now.
 
 The simulator's scale run makes millions of looks of `autoscaler.policy.decide()`; the same
 source compiled by mypyc runs them several times faster, so there is one `decide()` and no
