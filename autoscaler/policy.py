@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -49,8 +49,9 @@ REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD"
 EPS = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class ScaleDecision:
+class ScaleDecision(NamedTuple):
+    """What decide() answers; immutable (a NamedTuple, as PolicyState: one is built for every look)."""
+
     desired: int
     reason: str
     detail: str = ""
@@ -196,9 +197,12 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
-    state = PolicyState(last_active_at, needs, onsets, duty_avg, duty_since, duty_last,
-                        state.slice_fraction, state.slice_at, rate_avg, inflight_avg, rate_at, budget, served, served_over,
-                        state.forecast, gaps, gap_quantiles, rate_var, rps_last, peak, rps_last_at)
+    state = PolicyState(
+        last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
+        duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
+        inflight_avg=inflight_avg, rate_at=rate_at, budget=budget, served=served, served_over=served_over,
+        forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
+        peak=peak, rps_last_at=rps_last_at)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -273,7 +277,6 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
       sized on its mean work misses its SLO in every burst; this is what the error budget
       would otherwise learn one late window at a time.
     """
-    # plain comparisons rather than max()/min(): this runs for every function on every tick
     rps = snapshot.rps if rate is None else rate
     slo_target_s = p95_target_s(spec, config)
     target_concurrency = spec.target_concurrency
@@ -282,18 +285,13 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
         # requests one replica finishes within the target, at full batches: also at zero, where a
         # backlog held through a cold start is served in batches too
         rows, seconds = batched
-        per_replica = rows * slo_target_s / seconds
-        if per_replica > target_concurrency:
-            target_concurrency = per_replica
+        target_concurrency = max(target_concurrency, rows * slo_target_s / seconds)
     if batched is not None and rps > 0:
         # a batching replica's work is its load at full batches: its duty reads high at any load
         # (it takes what is queued), and the fewer replicas, the fuller and cheaper each batch
         measured = rps * seconds / rows
     else:
-        measured = rps * snapshot.service_s if snapshot.service_s else 0.0
-        duty_sum = sum(snapshot.duty)
-        if duty_sum > measured:
-            measured = duty_sum
+        measured = max(rps * snapshot.service_s if snapshot.service_s else 0.0, sum(snapshot.duty))
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
     by_work = measured / duty_target
@@ -303,8 +301,8 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
         best = Need(by_concurrency, "concurrency", (demand, target_concurrency))
     else:
         best = Need(by_work, "work", (measured, duty_target))
-    if ratio is not None and ratio > 1 and measured > 0:
-        boost = config.slo_max_boost if config.slo_max_boost < ratio else ratio
+    if ratio is not None and snapshot.p95_s is not None and ratio > 1 and measured > 0:
+        boost = min(ratio, config.slo_max_boost)
         if by_work * boost > best.replicas:
             best = Need(by_work * boost, "slo", (snapshot.p95_s, slo_target_s, boost))
     if rate_var > 0.0 and batched is None and snapshot.service_s and rps > 0:
@@ -330,27 +328,7 @@ def batch_budget_s(spec: ScalingSpec, config: PolicyConfig) -> float:
     return p95_target_s(spec, config) * config.batch_latency_share
 
 
-# memo: the same few tables on every tick. Keyed by the table's identity (hashing a tuple of
-# tuples on every look costs more than the answer); the entry keeps its table alive, so that id
-# cannot be taken by another table while the entry exists
-_FULL_BATCH: dict[tuple[int, float], tuple[tuple, tuple[float, float] | None]] = {}
-
-
 def full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
-    """The largest batch whose latency fits `budget_s` (memoized: a pure function of its
-    arguments); see _full_batch."""
-    if len(latency) < 2:
-        return None
-    key = (id(latency), budget_s)
-    found = _FULL_BATCH.get(key)
-    if found is None or found[0] is not latency:
-        if len(_FULL_BATCH) > 4096:
-            _FULL_BATCH.clear()
-        found = _FULL_BATCH[key] = (latency, _full_batch(latency, budget_s))
-    return found[1]
-
-
-def _full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tuple[float, float] | None:
     """The largest batch whose latency fits `budget_s`, as (rows, seconds), interpolated
     between the measured sizes and whole; None for a model that does not batch (fewer than
     two sizes known). Batch 1 always fits: a model slower than its budget still runs.
@@ -364,7 +342,7 @@ def _full_batch(latency: tuple[tuple[float, float], ...], budget_s: float) -> tu
             rows, seconds = r1, s1
             continue
         if s0 <= budget_s and s1 > s0:
-            whole = math.floor(r0 + (budget_s - s0) / (s1 - s0) * (r1 - r0))
+            whole = float(math.floor(r0 + (budget_s - s0) / (s1 - s0) * (r1 - r0)))
             if whole > rows:
                 rows, seconds = whole, s0 + (whole - r0) / (r1 - r0) * (s1 - s0)
         break
@@ -376,7 +354,7 @@ def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -
     E.g. ratio 0.75 (halfway between 0.5 and 1) -> 0.7 + (0.9 - 0.7) x 0.5 = 0.8."""
     if ratio is None or ratio >= 1:
         return spec.target_duty
-    high = config.max_duty if config.max_duty > spec.target_duty else spec.target_duty
+    high = max(spec.target_duty, config.max_duty)
     low = config.headroom_pct / 100.0
     if ratio <= low:
         return high
@@ -523,7 +501,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
     latest = state.needs[-1][1] if state.needs else 0.0
     trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
         if _ceil(latest * config.trend_max_boost) > current else 0.0
-    up = _ceil(burst if burst > trend else trend)
+    up = _ceil(max(trend, burst))
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
@@ -548,8 +526,8 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
     onset = next_onset(state, config)
     if onset is not None:
         if _prewarm_due(onset, now, lead_s(snapshot, config), config):
-            keep = _bound(max(1, snapshot.ready + snapshot.starting), spec)
-            return ScaleDecision(keep, "FORECAST", f"traffic expected at t={onset:.0f} (periodic)")
+            count = _bound(max(1, snapshot.ready + snapshot.starting), spec)
+            return ScaleDecision(count, "FORECAST", f"traffic expected at t={onset:.0f} (periodic)")
         # early only while the next onset lies ahead, past a pre-warm (one that passed without
         # its traffic says the period was a chance of the last few gaps), and only for a timer:
         # none of its recent idle gaps shorter than an onset's silence
@@ -578,9 +556,9 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     low, high = state.gap_quantiles
     high *= 1.1
     if high <= config.keep_alive_max_s:
-        return high if high > spec.idle_to_zero_s else spec.idle_to_zero_s
+        return max(spec.idle_to_zero_s, high)
     if low >= 2 * spec.idle_to_zero_s:
-        return config.periodic_keep_s if config.periodic_keep_s < spec.idle_to_zero_s else spec.idle_to_zero_s
+        return min(spec.idle_to_zero_s, config.periodic_keep_s)
     return spec.idle_to_zero_s
 
 
@@ -604,14 +582,10 @@ def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
     seen_for = now - state.needs[0][0] if state.needs else 0.0
     wanted = _ceil(delay_peak)
     if state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS:
-        held = _ceil(state.forecast[1])
-        if held > wanted:
-            wanted = held
-    floor = spec.min_replicas if spec.min_replicas > 1 else 1
-    if wanted < floor:
-        wanted = floor
+        wanted = max(wanted, _ceil(state.forecast[1]))
+    wanted = max(wanted, max(1, spec.min_replicas))
     if wanted >= current:
-        return _stable(_bound(current, spec))
+        return ScaleDecision(_bound(current, spec), "STABLE")
     if seen_for < config.scale_down_delay_s - EPS:
         return ScaleDecision(_bound(current, spec), "HOLD",
                              f"down to {wanted} after {config.scale_down_delay_s:.0f} s of lower need")
@@ -666,9 +640,9 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if wanted is None:
         return decision, state
     detail = f"duty {state.duty_avg:.2f} on a {current_slice:g} slice -> {wanted:g}"
-    hinted = replace(decision, slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
+    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
     if decision.reason in ("STABLE", "HOLD"):
-        hinted = replace(hinted, reason="SLICE")
+        hinted = hinted._replace(reason="SLICE")
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
@@ -725,14 +699,12 @@ def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     at once, and a backlog that keeps growing still raises the average within seconds."""
     if state.rate_avg is None or state.rate_at is None or state.inflight_avg is None:
         return snapshot.rps, snapshot.inflight, now
-    since = now - state.rate_at
-    since = since if since > 0.0 else 0.0
+    since = max(0.0, now - state.rate_at)
     weight = 1.0 - math.exp(-since / config.rate_window_s)
     inflight = snapshot.inflight
     if config.concurrency_window_s > 0:
         inflight = state.inflight_avg + (inflight - state.inflight_avg) * (
-            weight if config.concurrency_window_s == config.rate_window_s
-            else 1.0 - math.exp(-since / config.concurrency_window_s))
+            1.0 - math.exp(-since / config.concurrency_window_s))
     return state.rate_avg + (snapshot.rps - state.rate_avg) * weight, inflight, now
 
 
@@ -777,20 +749,8 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     if state.duty_avg is None or state.duty_last is None:
         return mean, now, now
     since = now - state.duty_last
-    weight = 1.0 - math.exp(-(since if since > 0.0 else 0.0) / config.slice_window_s)
+    weight = 1.0 - math.exp(-max(0.0, since) / config.slice_window_s)
     return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
-
-
-_STABLE: dict[int, ScaleDecision] = {}  # the usual answer, one immutable object per count
-
-
-def _stable(n: int) -> ScaleDecision:
-    found = _STABLE.get(n)
-    if found is None:
-        if len(_STABLE) > 4096:
-            _STABLE.clear()
-        found = _STABLE[n] = ScaleDecision(n, "STABLE", "")
-    return found
 
 
 def _ceil(x: float) -> int:
@@ -798,6 +758,4 @@ def _ceil(x: float) -> int:
 
 
 def _bound(n: int, spec: ScalingSpec) -> int:
-    if n > spec.max_replicas:
-        n = spec.max_replicas
-    return spec.min_replicas if n < spec.min_replicas else n
+    return max(spec.min_replicas, min(n, spec.max_replicas))

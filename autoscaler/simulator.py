@@ -37,29 +37,22 @@ simulated; no figure from this module is a GPU measurement.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time as _time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
+from autoscaler import native, policy
 from autoscaler.baselines import kpa, ray_serve
 from autoscaler.metrics import MetricsSnapshot
 from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
-from autoscaler.policy import (
-    DEFAULT_CONFIG,
-    PolicyConfig,
-    PolicyState,
-    ScaleDecision,
-    batch_budget_s,
-    decide,
-    full_batch,
-    next_onset,
-    quiet_until,
-)
+from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
@@ -133,17 +126,6 @@ class SimConfig:
                        name="simulated GPU") for i in range(self.gpus)]
 
 
-# A look's snapshot, built from its fields in order (MetricsSnapshot._make): the simulator builds
-# one per function and tick, and keywords cost more than the rest of building it
-_make_snapshot = MetricsSnapshot._make
-NO_EXTRA = MetricsSnapshot._field_defaults["extra"]  # the shared empty mapping
-NO_BATCH = (math.nan, math.nan)
-if MetricsSnapshot._fields != ("function", "at", "ready", "starting", "inflight", "queued", "activator_queue", "duty",
-                               "rps", "p95_s", "cold_start_s", "slice_fraction", "service_s", "batch_latency_s",
-                               "over_slo", "window_s", "extra"):
-    raise ImportError("MetricsSnapshot's fields changed: update Simulation._decide's positional snapshot")
-
-
 # ---------------------------------------------------------------------- policies
 
 
@@ -184,68 +166,49 @@ class _Reactive:
 
 
 class ShoalPolicy(_Reactive):
-    """Shoal's decide() per function. `compiled` (the default): once the simulation has
-    given it every function's spec (`prepare`), the states live in arrays and the looks of
-    a tick go through policy_kernel's compiled pass, which answers each look as decide()
-    does or hands it back to decide() (`arrays`); False keeps decide() alone, the reference."""
+    """Shoal's decide() per function. `compiled` (the default): policy.py compiled by mypyc
+    (autoscaler.native), the same source, several times faster; where it cannot be built the
+    interpreted module runs instead, with a warning, and `engine` says which runs. False:
+    policy.py as the interpreter runs it, the reference a compiled run is checked against."""
 
     def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True):
         super().__init__("shoal", self._step, PolicyState)
         self.config = config
-        self.compiled = compiled
+        self.module, self.engine = policy, "interpreted"
+        if compiled:
+            try:
+                self.module, self.engine = native.load("autoscaler.policy"), "compiled (mypyc)"
+            except native.CompileError as error:
+                warnings.warn(f"policy.py runs interpreted, several times slower: {error}", RuntimeWarning,
+                              stacklevel=2)
+                self.engine = f"interpreted (not compiled: {str(error).splitlines()[0]})"
+        # the module's own PolicyConfig: a compiled decide() takes no other class
+        self._config = self.module.PolicyConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
         self.specs: dict[int, ScalingSpec] = {}
-        self.arrays = None  # policy_kernel.PolicyArrays once prepared, with compiled
-        self.spec_rows: np.ndarray | None = None
-
-    def prepare(self, specs: list[ScalingSpec], tick_s: float) -> None:
-        """Every function's spec, by index, before the first look."""
-        self.specs = dict(enumerate(specs))
-        if not self.compiled:
-            return
-        # numba: imported only where the compiled pass runs
-        from autoscaler import policy_kernel
-
-        # a policy used for a second simulation carries its states over, as decide() alone does
-        carried = self.states if self.arrays is None else \
-            {fid: state for fid in range(len(self.arrays)) if (state := self.arrays.get(fid)) is not None}
-        self.arrays = policy_kernel.PolicyArrays(len(specs), self.config,
-                                                 needs_capacity=math.ceil(self.config.kept_s / tick_s) + 8)
-        self.spec_rows = policy_kernel.spec_rows(specs)
-        for fid, state in carried.items():
-            if fid < len(specs):
-                self.arrays.put(fid, state)
-        self.states = {}
 
     def state_of(self, fid: int) -> PolicyState | None:
-        return self.arrays.get(fid) if self.arrays is not None else self.states.get(fid)
+        return self.states.get(fid)
 
     def _step(self, snapshot, spec, state, now):
-        return decide(snapshot, spec, state, now, self.config)
+        return self.module.decide(snapshot, spec, state, now, self._config)
 
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
-        # what _Reactive.decide does, in one frame: this runs for every busy function every tick
         self.specs[fid] = spec
-        if self.arrays is not None:
-            decision, state = decide(snapshot, spec, self.arrays.get(fid) or PolicyState(), now, self.config)
-            self.arrays.put(fid, state)
-            return decision
         state = self.states.get(fid)
-        decision, self.states[fid] = decide(snapshot, spec, PolicyState() if state is None else state, now,
-                                            self.config)
+        decision, self.states[fid] = self.module.decide(snapshot, spec, self.module.PolicyState() if state is None
+                                                        else state, now, self._config)
         return decision
-
-    def spec_of(self, fid: int) -> ScalingSpec:
-        return self.specs[fid]
 
     def wake_at(self, fid: int, lead_s: float) -> float | None:
         """Periodic traffic expected: be asked again when its pre-warm is due."""
-        state = self.state_of(fid)
-        onset = next_onset(state, self.config) if state is not None else None
+        state = self.states.get(fid)
+        onset = self.module.next_onset(state, self._config) if state is not None else None
         return None if onset is None else onset - lead_s - self.config.prewarm_margin_s
 
     def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
-        state = self.state_of(fid)
-        return now if state is None else quiet_until(state, self.spec_of(fid), current, now, lead_s, self.config)
+        state = self.states.get(fid)
+        return now if state is None else self.module.quiet_until(state, self.specs[fid], current, now, lead_s,
+                                                                 self._config)
 
 
 def kpa_policy(spec_target: bool = True) -> _Reactive:
@@ -348,8 +311,6 @@ class Simulation:
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         n = len(profiles)
         self.specs = [p.spec() for p in profiles]
-        if hasattr(policy, "prepare"):
-            policy.prepare(self.specs, config.tick_s)
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])
         self._cold = self.cold.tolist()  # the same, as Python floats for per-function reads
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
@@ -373,12 +334,8 @@ class Simulation:
         self.held: dict[int, list[float]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
-        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._batch_of: dict[int, tuple[float, tuple, int]] = {}  # per function: (replicas' speed, table, version)
-        self._changed = np.zeros(n, np.int64)  # per function, bumped when its replicas change (invalidates _batch_of)
-        # per function, full_batch() of its batch latencies for the compiled pass, and the _changed it is of
-        self._full = np.full((n, 2), np.nan)
-        self._full_of = np.full(n, -1, np.int64)
+        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}  # shared by (profile, speed)
+        self._tables = [self._batch_table(fid) for fid in range(n)]  # per function, kept as its replicas change
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -401,6 +358,18 @@ class Simulation:
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict:
+        # a run makes millions of short-lived tuples (snapshots, states) and no reference cycles:
+        # the cycle collector's passes over the live states took about a tenth of the scale run
+        # and freed nothing, so they wait for its end (reference counting frees all as before)
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self) -> dict:
         started = _time.perf_counter()
         dt = self.config.tick_s
         ticks = math.ceil(self.trace.duration_s / dt - 1e-9)
@@ -469,7 +438,7 @@ class Simulation:
             for fid, i in zip(cold_f.tolist(), first.tolist()):
                 if self.n_srv[fid] == 0 and self.policy.reactive:
                     waiting = len(self.held.get(fid, ())) + 1
-                    self._decide(fid, float(cold_a[i]), activator_queue=waiting, fresh=True)
+                    self._decide(fid, float(cold_a[i]), activator_queue=waiting)
         if not self.held and not cold.any():
             return a, f
         # everything for a function with servers is served; the rest waits
@@ -703,108 +672,62 @@ class Simulation:
         while self.wakes and self.wakes[0][0] < t1:
             when, fid = heapq.heappop(self.wakes)
             if self.n_srv[fid] == 0 and fid not in self.held:
-                self._decide(fid, max(when, t1 - self.config.tick_s), activator_queue=0, fresh=True)
+                self._decide(fid, max(when, t1 - self.config.tick_s), activator_queue=0)
 
     def _decide_all(self, t1: float) -> None:
         """Every function with replicas, except idle ones its policy said it would leave
-        alone until later (looked at again at that time or at their next request)."""
+        alone until later (looked at again at that time or at their next request); then
+        those without one that hold requests."""
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
-        # this tick's numbers as Python floats, gathered once: indexing numpy per function costs more
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
-        tick = zip(live.tolist(), ready[live].tolist(), self.tick_n[live].tolist(), self.tick_lat[live].tolist(),
-                   self.tick_busy[live].tolist(), self.tick_p95[live].tolist(), self.tick_over[live].tolist())
-        held = self.held
-        arrays = getattr(self.policy, "arrays", None)
-        if arrays is not None:
-            tick = self._decide_compiled(arrays, live, ready[live], t1)
-        for fid, r, n, lat, busy, p95, over in tick:
-            self._decide(fid, t1, len(held[fid]) if fid in held else 0, measured=(n, lat, busy, p95, over), ready=r)
-        for fid in [x for x in self.held if self.n_srv[x] == 0]:
-            self._decide(fid, t1, activator_queue=len(self.held[fid]))
+        for fid, snapshot in zip(live.tolist(), self._tick_snapshots(live, ready[live], t1)):
+            self._look(fid, snapshot, t1)
+        waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
+        for fid, snapshot in zip(waiting.tolist(), self._tick_snapshots(waiting, ready[waiting], t1)):
+            self._look(fid, snapshot, t1)
 
-    def _decide_compiled(self, arrays, live: np.ndarray, ready: np.ndarray, now: float):
-        """The looks of `live` through the compiled pass (policy_kernel), with the snapshots
-        _decide would build, as arrays; it stores the looks it answers (the count stays), and
-        the rest, as _decide_all's (fid, ready, tick numbers) rows, are left for decide()."""
+    def _tick_snapshots(self, fids: np.ndarray, ready: np.ndarray, now: float) -> Iterator[MetricsSnapshot]:
+        """The snapshot of each of `fids` (`ready` replicas ready at `now`) from this tick's
+        measurements: concurrency by Little's law (summed latency / tick), the duty of each
+        ready replica (busy seconds / (ready x tick), at most 1), p95, seconds of service
+        and the share over the SLO per request answered. The tick's numbers come from numpy
+        at once; each snapshot is built when its look comes (counts and held requests as then)."""
         dt = self.config.tick_s
-        n, lat, busy = self.tick_n[live], self.tick_lat[live], self.tick_busy[live]
-        p95, over = self.tick_p95[live], self.tick_over[live]
-        held = np.zeros(len(live))
-        if self.held:
-            fids = np.fromiter(self.held, np.int64, len(self.held))
-            at = np.searchsorted(live, fids)
-            inside = at < len(live)
-            inside[inside] = live[at[inside]] == fids[inside]
-            held[at[inside]] = [len(self.held[f]) for f in fids[inside].tolist()]
-        answered = n > 0
+        n, busy = self.tick_n[fids], self.tick_busy[fids]
         with np.errstate(divide="ignore", invalid="ignore"):
-            duty = np.where(ready > 0, busy / (ready * dt), 0.0)
-            service = np.where(answered, busy / n, np.nan)
-            over_slo = np.where(answered, over / n, 0.0)
-        np.minimum(duty, 1.0, out=duty)
-        rows, seconds = self._full_batches(live)
-        live_list = live.tolist()
-        slices = np.array([self._slice_of[f] for f in live_list])
-        cold = self.cold[live]
-        desired, code, quiet = arrays.decide(
-            live, now, ready, self.n_srv[live] - ready, lat / dt, held, duty, ready, n / dt, p95, cold, slices,
-            service, rows, seconds, over_slo, np.full(len(live), dt), self.policy.spec_rows, cold)
-        done = code != arrays.FALLBACK
-        self.quiet[live[done]] = quiet[done]
-        rest = np.flatnonzero(~done)
-        return zip(live[rest].tolist(), ready[rest].tolist(), n[rest].tolist(), lat[rest].tolist(),
-                   busy[rest].tolist(), p95[rest].tolist(), over[rest].tolist())
+            duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
+            service = np.where(n > 0, busy / n, np.nan)
+            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)
+        held = self.held
+        for fid, r, inflight, d, rps, p95, s, over in zip(
+                fids.tolist(), ready.tolist(), (self.tick_lat[fids] / dt).tolist(), duty.tolist(), (n / dt).tolist(),
+                self.tick_p95[fids].tolist(), service.tolist(), over_slo.tolist()):
+            yield MetricsSnapshot(
+                self._names[fid], now, ready=r, starting=len(self.slots[fid]) - r, inflight=inflight,
+                activator_queue=len(held[fid]) if fid in held else 0, duty=(d,) * r, rps=rps,
+                p95_s=None if math.isnan(p95) else p95, cold_start_s=self._cold[fid],
+                slice_fraction=self._slice_of[fid], service_s=None if math.isnan(s) else s,
+                batch_latency_s=self._tables[fid], over_slo=over, window_s=dt)
 
-    def _full_batches(self, fids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """full_batch() of each function's batch latencies within its batch budget, as decide()
-        computes it (rows, seconds; NaN for a model that does not batch). For functions with
-        replicas (every look the compiled pass takes): their table changes only with them."""
-        config = self.policy.config
-        version = self._changed[fids]
-        for j in np.flatnonzero(self._full_of[fids] != version).tolist():
-            fid = int(fids[j])
-            found = full_batch(self._batch_latency(fid), batch_budget_s(self.specs[fid], config))
-            self._full[fid] = NO_BATCH if found is None else found
-            self._full_of[fid] = version[j]
-        both = self._full[fids]
-        return both[:, 0], both[:, 1]
-
-    def _decide(self, fid: int, now: float, activator_queue: int, fresh: bool = False,
-                measured: tuple[float, float, float, float, float] | None = None, ready: int | None = None) -> None:
-        """One decision. `measured`: this tick's (requests, summed latency, busy seconds, p95, over the SLO),
-        read from the tick arrays when not given; `ready`: its replicas ready at `now`."""
-        dt = self.config.tick_s
-        srv = self.servers
+    def _decide(self, fid: int, now: float, activator_queue: int) -> None:
+        """A look between ticks (a request held, a pre-warm due): only the held requests are known."""
         mine = self.slots[fid]
-        if ready is None:
-            ready = int((srv.ready_at[mine] <= now).sum()) if len(mine) > 8 else \
-                sum(1 for s in mine if srv.ready_at[s] <= now)
-        cold = self._cold[fid]
-        if fresh:  # between ticks: only the held requests are known
-            snapshot = MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
-                                       activator_queue=activator_queue, cold_start_s=cold,
-                                       slice_fraction=self._slice_of[fid],
-                                       batch_latency_s=self._batch_latency(fid))  # known, as the controller keeps it
-        else:
-            if measured is None:
-                measured = (float(self.tick_n[fid]), float(self.tick_lat[fid]), float(self.tick_busy[fid]),
-                            float(self.tick_p95[fid]), float(self.tick_over[fid]))
-            n, lat, busy, p95, over = measured
-            duty = busy / (ready * dt) if ready else 0.0
-            if duty > 1.0:
-                duty = 1.0
-            # positional (_make): keywords cost about 1.5 us a look here; the field order is checked at import
-            snapshot = _make_snapshot((
-                self._names[fid], now, ready, len(mine) - ready,
-                lat / dt, 0.0, activator_queue,  # inflight, queued, activator_queue
-                (duty,) * ready, n / dt, None if p95 != p95 else p95,  # duty, rps, p95_s (NaN: none)
-                cold, self._slice_of[fid], busy / n if n else None,  # cold_start_s, slice_fraction, service_s
-                self._batch_latency(fid), over / n if n else 0.0, dt, NO_EXTRA))  # batch_latency_s, over_slo, window_s
+        ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
+        self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
+                                        activator_queue=activator_queue, cold_start_s=self._cold[fid],
+                                        slice_fraction=self._slice_of[fid],
+                                        batch_latency_s=self._tables[fid]),  # known, as the controller keeps it
+                   now)
+
+    def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
+        """The policy's decision on `snapshot`, applied; when the policy may leave the function
+        alone (idle) or should be asked again (a pre-warm ahead)."""
         decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
         self._apply(fid, decision, now)
-        current = len(mine)  # the same as n_srv[fid], without a numpy read
-        if snapshot.demand == 0 and snapshot.rps == 0 and current and decision.desired == current and not snapshot.starting:
+        current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
+        cold = self._cold[fid]
+        if snapshot.rps == 0 and snapshot.demand == 0 and current and decision.desired == current and not snapshot.starting:
             self.quiet[fid] = self.policy.quiet_until(fid, current, now, cold)
         else:
             self.quiet[fid] = 0.0
@@ -813,30 +736,24 @@ class Simulation:
             if wake is not None and wake > now:
                 heapq.heappush(self.wakes, (wake, fid))
 
-    def _batch_latency(self, fid: int) -> tuple[tuple[float, float], ...]:
+    def _batch_table(self, fid: int) -> tuple[tuple[float, float], ...]:
         """The profile's batch latencies on the slices of the function's replicas (their mean
         speed), as the controller learns them from the replicas' batches: what a real policy
-        knows after some traffic. After a slice hint, replicas on the old slice still serve,
-        so the table follows the replicas, not the slice new ones will get."""
-        cached = self._batch_of.get(fid)
-        if cached is not None and cached[2] == self._changed[fid]:
-            return cached[1]
+        knows after some traffic; without replicas, on the slice new ones will get. After a
+        slice hint, replicas on the old slice still serve, so the table follows the replicas:
+        it is made again when they change (_start, _stop), not at each look."""
         mine = self.slots[fid]
         if mine:
             speed = self.servers.speed
             key_speed = round(sum(speed[x] for x in mine) / len(mine), 6) if len(mine) > 1 else float(speed[mine[0]])
         else:
             key_speed = self.profiles[fid].ref_slice / self._slice_of[fid]
-        if cached is not None and cached[0] == key_speed:
-            self._batch_of[fid] = (key_speed, cached[1], self._changed[fid])
-            return cached[1]
         profile = self.profiles[fid]
         key = (profile.latency_ms, key_speed)
         table = self._batch_tables.get(key)
         if table is None:
             table = tuple((float(b), ms / 1000.0 * key_speed) for b, ms in profile.latency_ms)
             table = self._batch_tables[key] = table if len(table) > 1 else ()
-        self._batch_of[fid] = (key_speed, table, self._changed[fid])
         return table
 
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
@@ -862,13 +779,13 @@ class Simulation:
             placed = self.cluster.place(Demand(replica, name, Fraction(fraction).limit_denominator(64), memory, ("gpu",)))
             if isinstance(placed, Unplaceable):
                 self.unplaceable += 1
-                return
+                break
             slot = self.servers.add(fid, now + float(self.cold[fid]), profile.ref_slice / fraction, fraction)
             self.slots[fid].append(slot)
             self.replica_slot[replica], self.slot_replica[slot] = slot, replica
             self.n_srv[fid] += 1
             self.starts += 1
-            self._changed[fid] += 1
+        self._tables[fid] = self._batch_table(fid)
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
@@ -889,7 +806,7 @@ class Simulation:
             srv.remove(slot)
             self.slots[fid].remove(slot)
             self.n_srv[fid] -= 1
-            self._changed[fid] += 1
+        self._tables[fid] = self._batch_table(fid)
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:

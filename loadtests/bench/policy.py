@@ -8,9 +8,9 @@ In one run, every policy on the same traces in the cluster simulator
   (8 functions, 1,000 req/s each, 32 simulated GPUs);
 - the Azure-Functions-like population, 1,000 functions on 100 simulated GPUs;
 then the scale run (Shoal alone, one simulated hour of 10,000 functions on 1,000
-GPUs, its wall time: with the compiled pass of decide() at 1 s and 2 s ticks, and at
-1 s with decide() alone, the reference, side by side: the same record, and the ratio
-of wall times) and the placement benchmark (packing over the lower bound,
+GPUs, its wall time: with policy.py compiled by mypyc at 1 s and 2 s ticks, and at
+1 s with policy.py interpreted, the reference, side by side: the same record, and the
+ratio of wall times) and the placement benchmark (packing over the lower bound,
 decision p99 on 1,000 devices).
 
 Prints, per trace, each policy's SLO attainment, replica-slice-seconds and its
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -71,22 +72,23 @@ def verdicts(name: str, result: dict) -> list[str]:
 
 def scale_run(tick_s: float, seconds: float, compiled: bool = True) -> dict:
     """Shoal alone on the Azure-like population of 10,000 functions on 1,000 GPUs; with
-    `compiled`, the looks go through policy_kernel's compiled pass (the default), else
-    through decide() alone (the reference)."""
+    `compiled`, decide() is policy.py compiled by mypyc (the default; `engine` says if it
+    fell back), else policy.py interpreted (the reference)."""
     trace = make_trace("azure", functions=10000, seconds=seconds, seed=0)
     profiles = assign_profiles(trace, 0)
     started = time.perf_counter()
-    sim = Simulation(trace, profiles, ShoalPolicy(compiled=compiled), SimConfig(gpus=1000, tick_s=tick_s),
-                     warm_start(trace, profiles))
+    policy = ShoalPolicy(compiled=compiled)
+    sim = Simulation(trace, profiles, policy, SimConfig(gpus=1000, tick_s=tick_s), warm_start(trace, profiles))
     record = sim.run()
     record["wall_with_setup_s"] = round(time.perf_counter() - started, 2)
-    return {"tick_s": tick_s, "seconds": seconds, "functions": 10000, "gpus": 1000, "compiled": compiled, **record}
+    return {"tick_s": tick_s, "seconds": seconds, "functions": 10000, "gpus": 1000, "compiled": compiled,
+            "engine": policy.engine, **record}
 
 
 def same_record(a: dict, b: dict) -> bool:
     """The same simulation, every number but the wall times."""
     def strip(r: dict) -> dict:
-        return {k: v for k, v in r.items() if "wall" not in k and k != "compiled"}
+        return {k: v for k, v in r.items() if "wall" not in k and k not in ("compiled", "engine")}
 
     return strip(a) == strip(b)
 
@@ -113,20 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     # how fast this machine is right now (wall times on this shared VM have varied 1.7x from day
     # to day): one steady look timed alone, the kind of work the scale run does ~2.5 million times
     out["decide_us_per_look"] = round(decide.best_us(20000, 5), 2)
-    scale_run(1.0, 10.0)  # compiles the kernel (or loads it from numba's cache) outside the timed runs
+    fast = decide.compiled()
+    out["decide_compiled_us_per_look"] = round(decide.best_us(20000, 5, fast), 2) if fast is not None else None
+    scale_run(1.0, 10.0)  # builds policy.py with mypyc (or loads it from its cache) outside the timed runs
     out["scale"] = [scale_run(tick, seconds) for tick in (1.0, 2.0)]
     reference = scale_run(1.0, seconds, compiled=False)
     out["scale_reference"] = reference
     out["scale_same_record"] = same_record(out["scale"][0], reference)
     print("\n== scale: Shoal, 10,000 functions (azure-like), 1,000 simulated GPUs")
     print(f"  this machine now: one steady look (snapshot + decide(), loadtests.bench.decide) "
-          f"{out['decide_us_per_look']:.2f} us")
+          f"{out['decide_us_per_look']:.2f} us interpreted, "
+          f"{out['decide_compiled_us_per_look'] or math.nan:.2f} us compiled")
+    print(f"  decide(): {out['scale'][0]['engine']}")
     for s in out["scale"]:
         met = s["wall_s"] <= 60 * seconds / 3600
         print(f"  tick {s['tick_s']:.0f} s: {s['seconds']:.0f} simulated s, {s['requests']:,} requests in "
               f"{s['wall_s']:.1f} s of wall time (target <= 60 s for an hour: {'met' if met else 'NOT met'}); "
               f"SLO {s['slo_attainment']:.4%}")
-    print(f"  reference (decide() alone), tick 1 s: {reference['wall_s']:.1f} s; compiled / reference "
+    print(f"  reference (policy.py interpreted), tick 1 s: {reference['wall_s']:.1f} s; compiled / reference "
           f"{out['scale'][0]['wall_s'] / reference['wall_s']:.2f}x, "
           f"{'the same record' if out['scale_same_record'] else 'RECORDS DIFFER'}")
     from loadtests.bench import placement

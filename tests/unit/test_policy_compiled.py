@@ -1,0 +1,195 @@
+"""policy.py compiled by mypyc (autoscaler.native) against policy.py as the interpreter runs it.
+
+The two are one source; these tests show the compiler kept its meaning: every look of seeded
+random walks of one function (counts, traffic, silences, timers, batch tables, clock steps)
+under several configs gives the same decision, detail included, and the same state, field by
+field; whole simulations give the same record. And the build cache never serves a build of
+another source."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import warnings
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from autoscaler import native
+from autoscaler import policy as interpreted
+from autoscaler import simulator as S
+from autoscaler.metrics import MetricsSnapshot
+from autoscaler.policy import PolicyConfig
+from autoscaler.traces import make_trace
+from functions.spec import ScalingSpec
+
+try:
+    compiled = native.load("autoscaler.policy")
+except native.CompileError as error:  # pragma: no cover - mypyc and a C compiler are dev dependencies
+    pytest.skip(f"policy.py could not be compiled: {error}", allow_module_level=True)
+
+TABLES = ((), ((1.0, 0.004), (8.0, 0.006), (32.0, 0.014)), ((1.0, 0.02), (4.0, 0.05)))
+CONFIGS = (
+    PolicyConfig(),
+    PolicyConfig(concurrency_window_s=0.0, keep_alive_max_s=0.0),
+    PolicyConfig(dispersion_window_s=0.0, burst_window_s=40.0),  # a burst window longer than the delay window
+    PolicyConfig(scale_down_delay_s=5.0, trend_window_s=8.0, budget_window_s=4.0, budget_clean_windows=2,
+                 gaps_min=2, onset_gap_s=6.0, slice_window_s=20.0, periodic_keep_s=3.0),
+    # windows of 0 s, at wall-clock times where now - 0 - EPS rounds to now (policy.window_start)
+    PolicyConfig(burst_window_s=0.0, scale_down_delay_s=0.0, trend_window_s=0.0),
+)
+STARTS = (100.0, 100.0, 100.0, 100.0, 1.7e9)
+
+
+def _own(config: PolicyConfig):
+    """The same config as the compiled module's own PolicyConfig (its decide() takes no other)."""
+    return compiled.PolicyConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+
+
+def _spec(rng: np.random.Generator) -> ScalingSpec:
+    low = int(rng.choice([0, 0, 0, 1, 2]))
+    return ScalingSpec(min_replicas=low, max_replicas=int(rng.integers(max(1, low), 12)),
+                       slo_p95_ms=float(rng.choice([20.0, 100.0, 400.0])), target_duty=float(rng.uniform(0.5, 0.9)),
+                       target_concurrency=float(rng.choice([1.0, 2.0, 4.0])),
+                       idle_to_zero_s=float(rng.choice([0.0, 5.0, 30.0, 60.0])))
+
+
+def _looks(rng: np.random.Generator, steps: int, start: float = 100.0):
+    """(now, snapshot) of one function, as a generator that is sent each look's decision:
+    its replicas follow the decisions (new ones start, then turn ready; now and then one
+    fails or one comes that was not asked for), its traffic wanders around its own level
+    with silences (regular ones: a timer), the clock steps by 0 to 3 s, and now and then
+    the same time comes twice or the clock steps back."""
+    now, ready, starting = start, int(rng.integers(0, 4)), 0
+    period = float(rng.choice([0.0, 8.0, 25.0]))  # a timer's period, or none
+    table = TABLES[int(rng.integers(len(TABLES)))]
+    level = float(rng.lognormal(3.0, 1.5))  # the function's usual requests per second
+    for step in range(steps):
+        u = rng.random()
+        now += 0.0 if u < 0.03 else -0.5 if u < 0.04 else float(rng.choice([0.5, 1.0, 1.0, 1.0, 3.0]))
+        if period and step % 12 == 11:
+            now += period + float(rng.normal(0.0, 0.05))
+        if starting and rng.random() < 0.4:
+            ready, starting = ready + 1, starting - 1
+        if ready and rng.random() < 0.02:
+            ready -= 1
+        if rng.random() < 0.02:  # one it did not ask for (left from an earlier revision): over max_replicas too
+            ready += 1
+        idle = rng.random() < 0.2 or (period and step % 12 > 6)
+        rps = 0.0 if idle else level * float(rng.lognormal(0.0, 0.4))
+        service = float(rng.uniform(0.001, 0.05)) if rps else None
+        duty = min(1.0, rps * service / max(1, ready)) if rps else float(rng.choice([0.0, 0.01]))
+        u = rng.random()  # now and then a scrape short of a replica, or with one that is no longer ready
+        shown = max(0, ready - 1) if u < 0.05 else ready + 1 if u < 0.08 else ready
+        decision = yield now, MetricsSnapshot(
+            "f", now, ready=ready, starting=starting, inflight=0.0 if idle else float(rng.exponential(3.0)),
+            activator_queue=int(rng.choice([0, 0, 0, 5, 40])) if ready == 0 else 0,
+            duty=(duty,) * shown, rps=rps,
+            p95_s=float(rng.uniform(0.001, 0.6)) if rps and rng.random() < 0.8 else None,
+            cold_start_s=float(rng.choice([1.0, 8.0])) if rng.random() < 0.7 else None,
+            slice_fraction=float(rng.choice([0.125, 0.25, 1.0])) if rng.random() < 0.9 else None,
+            service_s=service, batch_latency_s=table if rng.random() < 0.9 else (),
+            over_slo=float(rng.choice([0.0, 0.0, 0.0005, 0.02])) if rps else 0.0,
+            window_s=float(rng.choice([0.0, 1.0, 1.0, 30.0])))
+        change = decision.desired - ready - starting
+        if change > 0:
+            starting += change
+        elif change < 0:  # a scale-down stops starting replicas first
+            stop = min(starting, -change)
+            starting, ready = starting - stop, ready + change + stop
+
+
+@pytest.mark.parametrize("config, start", zip(CONFIGS, STARTS),
+                         ids=["default", "no-averaging", "long-burst", "short-windows", "zero-windows-wall-clock"])
+def test_every_look_is_the_same_compiled_or_not(config, start):
+    """120 functions x 150 looks per config: the same decision (count, reason, detail, slice)
+    and the same state (a NamedTuple equals another of the same fields), and the same
+    quiet_until() and next_onset() after it. The reasons seen show the walks reach every
+    branch that changes a count."""
+    rng = np.random.default_rng(7)
+    own = _own(config)
+    reasons: dict[str, int] = {}
+    for _ in range(120):
+        spec = _spec(rng)
+        mine, theirs = interpreted.PolicyState(), compiled.PolicyState()
+        looks = _looks(rng, 150, start)
+        now, snapshot = next(looks)
+        while True:
+            decision, mine = interpreted.decide(snapshot, spec, mine, now, config)
+            other, theirs = compiled.decide(snapshot, spec, theirs, now, own)
+            assert tuple(other) == tuple(decision)
+            assert theirs == mine and type(theirs.budget).__name__ == "Budget"
+            current = decision.desired
+            assert compiled.quiet_until(theirs, spec, current, now, 2.0, own) == \
+                interpreted.quiet_until(mine, spec, current, now, 2.0, config)
+            assert compiled.next_onset(theirs, own) == interpreted.next_onset(mine, config)
+            reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
+            try:
+                now, snapshot = looks.send(decision)
+            except StopIteration:
+                break
+    assert {"STABLE", "HOLD", "COLD_START", "FORECAST", "TO_ZERO", "BURST"} <= set(reasons) or \
+        config.scale_down_delay_s == 0, reasons
+
+
+def _record(trace, compiled_: bool, gpus: int) -> tuple[dict, S.ShoalPolicy]:
+    profiles = S.assign_profiles(trace, 0)
+    policy = S.ShoalPolicy(compiled=compiled_)
+    sim = S.Simulation(trace, profiles, policy, S.SimConfig(gpus=gpus, tick_s=1.0), S.warm_start(trace, profiles))
+    return {k: v for k, v in sim.run().items() if "wall" not in k}, policy
+
+
+@pytest.mark.parametrize("kind, options, gpus", [
+    ("azure", dict(functions=300, seconds=150.0), 40),
+    ("gamma", dict(functions=4, seconds=120.0, rate=300.0, cv=4.0), 8),
+])
+def test_whole_runs_are_the_same_compiled_or_not(kind, options, gpus):
+    """The simulator with the compiled policy gives the interpreted policy's record, every
+    number of it, and leaves every function in the same state."""
+    trace = make_trace(kind, seed=3, **options)
+    fast, policy = _record(trace, True, gpus)
+    reference, reference_policy = _record(trace, False, gpus)
+    assert policy.engine == "compiled (mypyc)" and reference_policy.engine == "interpreted"
+    assert fast == reference
+    assert policy.states == reference_policy.states and policy.states
+
+
+def test_without_a_compiler_the_interpreted_policy_runs_and_says_so(monkeypatch):
+    def fail(module):
+        raise native.CompileError("mypyc is not installed (pip install mypy)")
+
+    monkeypatch.setattr(native, "load", fail)
+    with pytest.warns(RuntimeWarning, match="policy.py runs interpreted"):
+        policy = S.ShoalPolicy()
+    assert policy.module is interpreted
+    assert policy.engine == "interpreted (not compiled: mypyc is not installed (pip install mypy))"
+
+
+@pytest.mark.timeout(600)
+def test_an_edited_source_is_built_again_never_served_stale(tmp_path, monkeypatch):
+    """The cache key is the source's: after an edit, load() builds and loads the new source
+    under a new name; the old build stays for a checkout that still has the old source."""
+    package = tmp_path / "src" / "shoalcachetest"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    source = package / "rule.py"
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setenv("SHOAL_COMPILE_CACHE", str(tmp_path / "cache"))
+    loaded = []
+    for factor in (2, 3):
+        source.write_text(textwrap.dedent(f"""
+            def scaled(x: float) -> float:
+                return x * {factor}
+        """))
+        importlib.invalidate_caches()
+        monkeypatch.setattr(native, "_loaded", {})
+        loaded.append(native.load("shoalcachetest.rule"))
+    assert [m.scaled(1.5) for m in loaded] == [3.0, 4.5]
+    assert loaded[0].__name__ != loaded[1].__name__ and all(m.__name__ in sys.modules for m in loaded)
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monkeypatch.setattr(native, "_loaded", {})
+        assert native.load("shoalcachetest.rule").__name__ == loaded[1].__name__  # from the cache, not rebuilt
