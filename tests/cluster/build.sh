@@ -6,8 +6,9 @@
 #   tests/cluster/build.sh            -> prints the directory that holds the binaries
 # SHOAL_K8S_CACHE overrides the cache root (default ~/.cache/shoal/k8s).
 # kubectl is built too: Debian's kubernetes-client is 1.20, far outside kubectl's supported skew
-# (one minor) against a 1.37 server, and on these machines /usr/bin/kubectl belongs to another
-# package, so Debian's cannot even be installed beside it.
+# (one minor) against a 1.37 server (its server-side apply of a Pod and a Service did work here),
+# and on these machines /usr/bin/kubectl belongs to another package (dpkg would refuse to
+# overwrite it), so Debian's is not installed.
 set -euo pipefail
 K8S_VERSION=1.37.2
 STAGING_VERSION=0.37.2

@@ -210,6 +210,8 @@ class PodNet:
             self.used.add(n)
         ns, ip = f"shoal-{self.tag}-{n}", f"{self.prefix}.{n // 256 + 1}.{n % 256}"
         host_if = f"sv{self.tag}{n:04x}"[:15]
+        sh("ip", "link", "del", host_if, check=False)  # a veth of an earlier pod, if its netns lingers
+        sh("ip", "netns", "del", ns, check=False)
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
         sh("ip", "link", "set", host_if, "master", self.bridge, "up")
@@ -220,9 +222,11 @@ class PodNet:
         return ns, ip
 
     def remove(self, ns: str) -> None:
-        sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
+        n = int(ns.rsplit("-", 1)[1])
+        sh("ip", "link", "del", f"sv{self.tag}{n:04x}"[:15], check=False)  # at once, not when the netns is freed
+        sh("ip", "netns", "del", ns, check=False)
         with self.lock:
-            self.used.discard(int(ns.rsplit("-", 1)[1]))
+            self.used.discard(n)
 
 
 class ApiForwarder:
@@ -336,7 +340,9 @@ class PodRun:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.netns, self.ip = self.agent.net.add()
-            self.mounts = self.volumes()
+            while not self.mount_volumes():  # a kubelet retries a mount (a Secret made later)
+                if self.stop_requested.wait(5) or self.agent.stopping.is_set():
+                    return
             self.write_status()
             while not self.stop_requested.is_set() and not self.agent.stopping.is_set():
                 self.tick()
@@ -526,6 +532,18 @@ class PodRun:
 
     # --- volumes ---
 
+    def mount_volumes(self) -> bool:
+        try:
+            self.mounts = self.volumes()
+        except (RuntimeError, OSError) as e:
+            if self.error != str(e):
+                self.agent.log(f"pod {self.ns_name}/{self.name}: FailedMount: {e}")
+            self.error = str(e)
+            self.write_status()
+            return False
+        self.error = ""
+        return True
+
     def volumes(self) -> dict[str, tuple[str, bool]]:
         """Each volume's local directory, and whether it is read-only whatever the mount says."""
         out: dict[str, tuple[str, bool]] = {}
@@ -570,6 +588,8 @@ class PodRun:
                     ref = s[kind]
                     name = ref.get("name") or ref.get("secretName")
                     status, obj = self.agent.api.call("GET", f"/api/v1/namespaces/{self.ns_name}/{key}/{name}")
+                    if status != 200 and not ref.get("optional"):  # a kubelet waits: FailedMount
+                        raise RuntimeError(f"volume {v['name']}: {kind} {name!r}: {status}")
                     data = (obj or {}).get("data", {}) if status == 200 else {}
                     items = ref.get("items") or [{"key": k, "path": k} for k in data]
                     for it in items:
@@ -700,6 +720,8 @@ class PodRun:
             status |= {"podIP": self.ip, "podIPs": [{"ip": self.ip}]}
         if self.error:
             status |= {"reason": "NodeAgentError", "message": self.error}
+        else:
+            status |= {"reason": None, "message": None}  # strategic merge: clear an old error
         return status
 
     def write_status(self) -> None:

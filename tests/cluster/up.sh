@@ -12,9 +12,9 @@
 # Every process runs in its own process group with a pid file in DIR; logs are DIR/*.log.
 # Knobs: SHOAL_NODES_PER_MODE (default 1), SHOAL_ARTIFACTS_DIR (the artifacts PVC's directory,
 # default DIR/artifacts), SHOAL_UP_TIMEOUT_S (default 120).
-# kubectl: Debian's kubernetes-client is 1.20, seven minors behind the server and outside the
+# kubectl: Debian's kubernetes-client is 1.20, seventeen minors behind the server and outside the
 # supported skew (+-1), and on these machines /usr/bin/kubectl belongs to another package, so
-# build.sh builds kubectl 1.37 from the same module; Debian's 1.20 is not used.
+# build.sh builds kubectl 1.37 from the same module (DIR/env: KUBECTL); Debian's is not used.
 set -euo pipefail
 DIR="${1:?usage: up.sh DIR}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
