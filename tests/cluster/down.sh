@@ -38,7 +38,9 @@ for f in "$DIR"/pods/*/*.pid; do
     [[ "$pid" =~ ^[0-9]+$ ]] && kill -KILL -- "-$pid" 2>/dev/null
     rm -f "$f"
 done
-for name in controller-manager scheduler apiserver etcd; do stop_group "$DIR/$name.pid"; done
+stop_group "$DIR/controller-manager.pid" & stop_group "$DIR/scheduler.pid" & wait   # about 2 s each
+stop_group "$DIR/apiserver.pid"
+stop_group "$DIR/etcd.pid"
 
 if [ -f "$DIR/env" ]; then
     TAG="$(sed -n 's/^TAG=//p' "$DIR/env")"
