@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench ray-venv clean
+.PHONY: venv test test-cluster demo bench ray-venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ venv: $(STAMP)
 
 test: venv
 	$(PY) -m pytest -q
+
+# Against a real control plane (tests/cluster/up.sh, once per session; down.sh at the end).
+# Needs root (the node agent makes network namespaces). The binaries and CRDs are built and
+# fetched first, once per machine, so the tests' own timeouts do not include a cold build.
+test-cluster: venv
+	tests/cluster/build.sh >/dev/null
+	tests/cluster/crds.sh >/dev/null
+	$(PY) -m pytest -q -m cluster --timeout 600 tests/cluster
 
 demo: venv
 	$(PY) -m deploy.cli demo
