@@ -109,7 +109,7 @@ def _build(module: str, root: Path, name: str) -> Path:
     at `root`; the extension moved into the cache at once (os.replace), so that processes
     building the same key side by side each load a whole file."""
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds code this process loads
     source = root.joinpath(*module.split(".")).with_suffix(".py").read_bytes()
     with tempfile.TemporaryDirectory(dir=folder) as work:
         Path(work, name + ".py").write_bytes(source)

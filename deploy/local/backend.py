@@ -9,6 +9,7 @@ on a GPU). Replicas die with the control plane, even on `kill -9`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -47,12 +48,13 @@ class LocalReplica:
 
 
 def _socket_dir(state_dir: Path) -> Path:
-    """Where replicas' Unix sockets live: under the state directory, unless its path is
-    too long for sun_path (108 bytes with the socket's name), then a private temp dir.
-    Sockets left by a killed control plane are removed at start."""
+    """Where replicas' Unix sockets live: under the state directory, unless its path is too
+    long for sun_path (108 bytes with the socket's name), then a temp dir named after the
+    state directory, so the next start finds and clears what a killed control plane left."""
     path = state_dir.resolve() / "sockets"
     if len(str(path)) > 70:
-        return Path(tempfile.mkdtemp(prefix="shoal-"))
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        path = Path(tempfile.gettempdir()) / f"shoal-{digest}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(mode=0o700, parents=True)
     return path

@@ -3,13 +3,15 @@ for CPU, GPU and emulated placements; and NVML discovery with a stand-in library
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import types
 from fractions import Fraction
 from pathlib import Path
 
 from autoscaler.placement import Device, Placement
-from deploy.local.backend import replica_argv, replica_env
+from deploy.local.backend import _socket_dir, replica_argv, replica_env
 from deploy.local.inventory import discover_gpus
 from functions.spec import BatchingSpec, FunctionSpec
 
@@ -65,3 +67,22 @@ def test_nvml_discovery(monkeypatch):
 
     monkeypatch.setattr(fake, "nvmlInit", no_driver)
     assert discover_gpus() == []  # no driver: the CPU is the inventory
+
+
+def test_a_long_state_dir_gets_one_socket_dir_cleared_at_the_next_start(tmp_path):
+    # a state dir too long for sun_path: the sockets go to a temp dir named after it, so a
+    # control plane killed with sockets in it leaves nothing the next start does not clear
+    deep = tmp_path / ("x" * 80)
+    first = _socket_dir(deep)
+    (first / "steady-1.sock").write_text("left by a killed control plane")
+    again = _socket_dir(deep)
+    try:
+        assert again == first and str(again).startswith(tempfile.gettempdir())
+        assert list(again.iterdir()) == []
+    finally:
+        shutil.rmtree(again, ignore_errors=True)
+    short = Path(tempfile.mkdtemp(prefix="s"))
+    try:
+        assert _socket_dir(short) == short.resolve() / "sockets"
+    finally:
+        shutil.rmtree(short)

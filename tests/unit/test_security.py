@@ -97,6 +97,10 @@ ALLOWED = {
         "without trust (tests/fuzz/test_hostile_artifacts.py)",
     ("serving/models/__init__.py", "importlib.import_module"):
         "imports a loader module named in the LOADERS table; a user's --loader is looked up in it first",
+    ("autoscaler/native.py", "exec_module"):
+        "loads the extension mypyc built from Shoal's own policy.py in the user's cache (a folder it makes "
+        "0700, under ~/.cache like numba's and pip's caches), named by the hash of the source it was "
+        "built from; only the simulator and the policy bench use it, never a server",
     ("deploy/cli/__init__.py", "importlib.import_module"):
         "imports a command's module named in the COMMANDS table; an unknown command is refused before",
 }
