@@ -140,7 +140,26 @@ start etcd etcd --name shoal-test --data-dir "$DIR/etcd" \
 wait_for etcd bash -c "alive() { kill -0 $(cat "$DIR/etcd.pid"); }; alive && curl -sf http://127.0.0.1:$ETCD_PORT/health"
 alive etcd
 
+# The audit log: every request of a service account outside kube-system (Shoal's roles run as
+# theirs), at Metadata level (user, verb, resource, subresource, response code; no bodies), one
+# JSON event per line in DIR/audit.log, written before the response (the log backend's default
+# "blocking" mode), so a test that reads it after a request sees that request. The RBAC test
+# compares what a role did with what its Role grants from here (tests/cluster/test_rbac.py).
+cat > "$DIR/audit-policy.yaml" <<EOF2
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  userGroups: ["system:serviceaccounts:kube-system"]
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+- level: None
+EOF2
+
 start apiserver "$BIN/kube-apiserver" \
+    --audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
+    --audit-log-format json --audit-log-maxsize 0 \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --secure-port "$API_PORT" --advertise-address "$POD_GW" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \

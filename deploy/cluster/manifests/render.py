@@ -169,27 +169,24 @@ def service_accounts(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def rbac(cluster: Cluster) -> list[dict[str, Any]]:
-    """Least privilege, namespaced: the controller manages function Deployments/Services (and their
-    scale), reads pods and endpoints, holds its Lease and writes Events; the gateway only reads
-    where replicas are. The replicas get no API access at all."""
+    """Least privilege, namespaced, and exactly what the roles' code calls (tests/cluster/test_rbac.py
+    reads every request of both from a real API server's audit log and compares): the controller
+    lists and writes function ConfigMaps (the control API), lists, creates, replaces (a new
+    revision) and deletes function Deployments and Services, scales through the scale subresource
+    (a patch) and holds its Lease; the gateway lists the function ConfigMaps and the
+    EndpointSlices. Nothing is watched (both re-list each tick) and no Event is written (the
+    controller's events are kept in memory). The replicas get no API access at all."""
     rules = {
         "controller": [
-            {"apiGroups": ["apps"], "resources": ["deployments"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "update", "patch"]},
-            {"apiGroups": [""], "resources": ["services", "configmaps"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "create", "update", "delete"]},
+            {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "update", "delete"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-            {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         ],
         "gateway": [
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]},
         ],
     }
     docs = []
