@@ -157,7 +157,8 @@ class Loop:
         readings = await self.metrics.read({n: (functions[n][0], fleets.get(n, Fleet())) for n in names}, now)
         result = TickResult()
         targets = {n: self._target(n, *functions[n], fleets.get(n), readings.get(n), now, result) for n in names}
-        result.changed = await self.scaler.apply(targets, broken)
+        # what this tick did not look at (unreadable specs, functions a poke left out) is kept as it runs
+        result.changed = await self.scaler.apply(targets, broken | frozenset(set(functions) - set(names)))
         self._record(targets, result.changed)
         self._export(set(functions) | set(fleets), fleets)
         return result

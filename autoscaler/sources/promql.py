@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import threading
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -27,7 +28,6 @@ from autoscaler.metrics import (
     batch_window,
     cumulative_histogram,
     fraction_over,
-    learn_batch_latency,
 )
 from functions.spec import FunctionSpec
 
@@ -213,12 +213,10 @@ def latency_buckets(result: list[dict[str, Any]]) -> tuple[tuple[float, float], 
 
 
 def snapshot_from_results(function: str, now: float, fleet: Fleet | None, results: dict[str, list],
-                          slice_fraction: float | None = None, slo_s: float | None = None,
-                          batch_latency: tuple[tuple[float, float], ...] = (),
-                          window_s: float = WINDOW_S, cold_start_s: float | None = None) -> MetricsSnapshot:
+                          slo_s: float | None = None, window_s: float = WINDOW_S) -> MetricsSnapshot:
     """A MetricsSnapshot from the `data.result` vectors of `cluster_queries` (pure): with the
-    function's SLO, the share of the window's requests over it; with the batch latencies
-    learned so far (`learn_batch`), the table the policy sizes a batching model on. `fleet`:
+    function's SLO, the share of the window's requests over it. What the loop learns (batch
+    latencies, the cold start, the slice) it adds itself (loop.Loop._complete). `fleet`:
     anything with the function's `replicas` and `ready` counts."""
     rps = _scalar(results.get("rps", [])) or 0.0
     busy = _scalar(results.get("busy", [])) or 0.0
@@ -232,9 +230,7 @@ def snapshot_from_results(function: str, now: float, fleet: Fleet | None, result
         function=function, at=now, ready=ready, starting=max(0, current - ready),
         inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
         activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
-        rps=rps, p95_s=_scalar(results.get("p95_s", [])), slice_fraction=slice_fraction,
-        service_s=busy / rps if rps > 0 else None, cold_start_s=cold_start_s,
-        batch_latency_s=batch_latency if len(batch_latency) > 1 else (),
+        rps=rps, p95_s=_scalar(results.get("p95_s", [])), service_s=busy / rps if rps > 0 else None,
         over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
         window_s=window_s,
     )
@@ -246,12 +242,6 @@ def batch_of(results: dict[str, list]) -> tuple[float, float] | None:
     E.g. 8 batches/s, 38 requests/s, 0.04 busy s/s: 4.75 requests in 5 ms."""
     return batch_window(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
                         _scalar(results.get("busy", [])) or 0.0)
-
-
-def learn_batch(table: tuple[tuple[float, float], ...], results: dict[str, list]) -> tuple[tuple[float, float], ...]:
-    """The function's batch latencies after this window (metrics.learn_batch_latency; pure)."""
-    window = batch_of(results)
-    return table if window is None else learn_batch_latency(table, *window)
 
 
 Query = Callable[[str], "list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]"]
@@ -266,12 +256,15 @@ class FunctionQueries:
         """`query(promql)` returns (or awaits to) the `data.result` of an instant query, or raises."""
         self.query = query
         self.pokes: dict[str, tuple[float, int]] = {}  # function -> (when, requests held)
+        self._pokes_lock = threading.Lock()  # pokes come from the API's thread, reads from the tick's
 
     def poke(self, function: str, held: int, now: float) -> None:
-        self.pokes[function] = (now, max(0, held))
+        with self._pokes_lock:
+            self.pokes[function] = (now, max(0, held))
 
     async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
-        self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}  # names poked once go
+        with self._pokes_lock:  # names poked once go
+            self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}
         try:
             per_function = by_function({key: await self._vector(q) for key, q in cluster_queries().items()})
         except Exception as exc:  # noqa: BLE001 - Prometheus down is not zero load

@@ -24,12 +24,13 @@ class ConfigMapFunctions:
 
     def __init__(self, core: Any, namespace: str):
         self.core, self.namespace = core, namespace
+        self.broken: set[str] = set()
 
     def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
         """The functions whose spec reads; the names of those that do not are in `self.broken`."""
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
         out: dict[str, tuple[FunctionSpec, int]] = {}
-        self.broken: set[str] = set()
+        broken: set[str] = set()
         for cm in map(as_dict, items_of(listing)):
             data = cm.get("data") or {}
             try:
@@ -39,7 +40,8 @@ class ConfigMapFunctions:
                 log.warning("ConfigMap %s: not a function spec (%s)", cm["metadata"]["name"], exc)
                 name = (cm["metadata"].get("labels") or {}).get("shoal.dev/function")
                 if name:
-                    self.broken.add(name)  # what runs for it is kept, not deleted
+                    broken.add(name)  # what runs for it is kept, not deleted
+        self.broken = broken  # one assignment: the tick's thread may read it while the API's lists
         return out
 
     @staticmethod

@@ -12,7 +12,8 @@ from deploy.cluster.backend import KubernetesBackend, Observed
 from deploy.cluster.configmaps import ConfigMapFunctions
 from deploy.cluster.render import artifact_for
 from autoscaler.coldstarts import ColdStarts
-from autoscaler.sources.promql import by_function, cluster_queries, learn_batch, snapshot_from_results
+from autoscaler.loop import Memory
+from autoscaler.sources.promql import batch_of, by_function, cluster_queries, snapshot_from_results
 from deploy.cluster.controller import ClusterController
 from deploy.cluster.manifests.render import Cluster
 from tests.fakes.kube import FakeKube
@@ -53,12 +54,11 @@ def test_over_slo_from_the_latency_histogram():
 def test_batch_latencies_are_learned_from_rates_over_the_window():
     # 8 batches/s answering 38 requests/s with 0.04 busy s/s: 38 / 8 = 4.75 requests in 0.04 / 8 = 5 ms
     window = {"batches": vector(8.0), "rps": vector(38.0), "busy": vector(0.04)}
-    table = learn_batch(((1.0, 0.004),), window)
+    memory = Memory(batch={"digits": (0.25, ((1.0, 0.004),))})
+    table = memory.learn("digits", 0.25, batch_of(window))
     assert [x for pair in table for x in pair] == pytest.approx([1.0, 0.004, 4.75, 0.005])
-    assert learn_batch(table, {"rps": vector(38.0)}) == table  # no batch in the window: unchanged
-    s = snapshot_from_results("digits", 0.0, None, window, batch_latency=table)
-    assert s.batch_latency_s == table
-    assert snapshot_from_results("digits", 0.0, None, window, batch_latency=((1.0, 0.004),)).batch_latency_s == ()
+    assert batch_of({"rps": vector(38.0)}) is None  # no batch in the window: nothing to learn
+    assert memory.learn("digits", 0.25, batch_of({"rps": vector(38.0)})) == table
 
 
 def test_by_function_splits_the_vectors():
@@ -79,10 +79,10 @@ def test_snapshot_arithmetic():
     # 40 req/s answered with 0.8 executor-seconds per second: 0.02 s per request; 3 desired, 2 ready -> 1 starting
     results = {"rps": vector(40.0), "busy": vector(0.8), "duty": vector(0.5, 0.3, label="fn-digits"),
                "p95_s": vector(0.042), "inflight": vector(3.0), "queued": vector(1.0), "held": vector(2.0)}
-    s = snapshot_from_results("digits", 100.0, Observed("digits", 1, 3, 2), results, 0.25)
+    s = snapshot_from_results("digits", 100.0, Observed("digits", 1, 3, 2), results)
     assert (s.ready, s.starting, s.rps, s.p95_s, s.inflight, s.queued, s.activator_queue) == (2, 1, 40.0, 0.042,
                                                                                                3.0, 1.0, 2)
-    assert s.duty == (0.3, 0.5) and s.service_s == pytest.approx(0.02) and s.slice_fraction == 0.25
+    assert s.duty == (0.3, 0.5) and s.service_s == pytest.approx(0.02)
     assert s.demand == 5.0  # 3 inside replicas + 2 held at the activator
 
 

@@ -240,3 +240,45 @@ def test_a_slice_hint_reaches_the_next_snapshot_and_drops_the_batch_table():
     assert changed == {} and [e[0] for e in local.events] == ["slice"]  # 0 -> 0 replicas: no scale
     assert local.loop.snapshots["digits"].slice_fraction == 0.5
     assert local.loop.memory.batch["digits"] == (0.5, ())
+
+
+class _Two:
+    broken = frozenset({"bad"})
+
+    def functions(self):
+        return {n: (spec_from_dict({**SPEC, "name": n}), 1) for n in ("a", "b")}
+
+
+class _Keeps:
+    """A scaler that records what each apply was told to keep as it runs."""
+
+    def __init__(self) -> None:
+        self.kept: list[frozenset[str]] = []
+
+    def observe(self, functions):
+        return {}
+
+    def slice_for(self, spec):
+        return 0.25
+
+    async def apply(self, targets, keep=frozenset()):
+        self.kept.append(keep)
+        return {}
+
+
+class _NoMetrics:
+    async def read(self, wanted, now):
+        return {}
+
+
+@pytest.mark.parametrize("only, targets, kept", [
+    # a full tick looks at a and b: only the unreadable spec is kept untouched
+    (None, {"a", "b"}, {"bad"}),
+    # a poke of a alone: b, not looked at, must be kept as it runs, never removed
+    ({"a"}, {"a"}, {"bad", "b"}),
+], ids=["full-tick", "poked-tick"])
+def test_a_tick_keeps_what_it_did_not_look_at(only, targets, kept):
+    scaler = _Keeps()
+    loop = Loop(_Two(), _NoMetrics(), scaler, lambda *a, **k: None, CollectorRegistry())
+    result = asyncio.run(loop.tick(T0, only=only))
+    assert set(result.unread) == targets and scaler.kept == [frozenset(kept)]
