@@ -48,25 +48,37 @@ def write(out: Path, summary: dict[str, Any], ts: dict[str, Any], compare: Path 
 
 
 def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, dict] | None) -> dict[str, Path]:
+    """Every chart of the report as a PNG in `out`, by name; a chart with nothing to show is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100})
-    charts: dict[str, Path] = {}
     decisions = [d for d in s["scale_decisions"] if d["kind"] == "scale"]
-
-    def save(name: str, fig) -> None:
-        path = out / f"{name}.png"
+    figures = {
+        "latency": _latency_chart(plt, ts, decisions),
+        "throughput": _throughput_chart(plt, ts),
+        "replicas": _replicas_chart(plt, ts, decisions),
+        "duty": _duty_chart(plt, matplotlib, ts),
+        "coldstarts": _cold_start_chart(plt, s),
+        "errors": _errors_chart(plt, s),
+        "compare": _compare_chart(plt, s, ts, other) if other is not None else None,
+    }
+    charts: dict[str, Path] = {}
+    for name, fig in figures.items():
+        if fig is None:
+            continue
+        charts[name] = out / f"{name}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(charts[name], dpi=100)
         plt.close(fig)
-        charts[name] = path
+    return charts
 
-    span = time_axis(ts)
+
+def _latency_chart(plt, ts: dict[str, Any], decisions: list[dict]):
+    """Latency against the SLO, at the middle of each second."""
     x = np.arange(ts["seconds"])
-    # latency against the SLO, at the middle of each second
     fig, ax = plt.subplots(figsize=(10, 3.4))
     for k in ("p50", "p95", "p99"):
         ax.plot(x + 0.5, _nan(ts["latency_ms"][k]), label=k, color=COLORS[k], lw=1.2, marker=".", ms=3)
@@ -74,12 +86,15 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
         ax.axhline(ts["slo_ms"], color=COLORS["slo"], ls="--", lw=1, label=f"SLO {ts['slo_ms']:g} ms")
     _mark_decisions(ax, decisions, label=False)
     ax.set_yscale("log")
-    ax.set_xlim(*span)
+    ax.set_xlim(*time_axis(ts))
     ax.set(xlabel="seconds since start", ylabel="latency (ms, log)", title="Latency of answered requests, per second")
     ax.legend(loc="upper right", ncol=4)
-    save("latency", fig)
+    return fig
 
-    # offered vs achieved
+
+def _throughput_chart(plt, ts: dict[str, Any]):
+    """Offered against achieved rate, and failures, per second."""
+    x = np.arange(ts["seconds"])
     fig, ax = plt.subplots(figsize=(10, 3.0))
     if ts["offered"] is not None:
         ax.step(*_seconds(ts["offered"]), where="post", color=COLORS["offered"], label="offered (schedule)", lw=1.5)
@@ -88,93 +103,103 @@ def draw(out: Path, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, di
     ax.step(*_seconds(ts["ok"]), where="post", color=COLORS["ok"], label="answered 200", lw=1.2)
     if any(ts["failed"]):
         ax.bar(x + 0.5, ts["failed"], color=COLORS["failed"], label="failed", width=0.9, alpha=0.8)
-    ax.set_xlim(*span)
+    ax.set_xlim(*time_axis(ts))
     ax.set(xlabel="seconds since start", ylabel="requests / s", title="Offered vs achieved rate")
     ax.legend(loc="upper right", ncol=3)
-    save("throughput", fig)
+    return fig
 
-    # replicas and decisions
+
+def _replicas_chart(plt, ts: dict[str, Any], decisions: list[dict]):
+    """Replicas ready and starting, the desired count, held requests, and every scale decision."""
     rep = ts["replicas"]
-    if rep["t"]:
-        fig, ax = plt.subplots(figsize=(10, 3.4))
-        t = np.array(rep["t"])
-        ready, starting = np.array(rep["ready"]), np.array(rep["starting"])
-        ax.fill_between(t, 0, ready, step="post", color=COLORS["ready"], alpha=0.8, label="ready")
-        ax.fill_between(t, ready, ready + starting, step="post", color=COLORS["starting"], alpha=0.9, label="starting")
-        ax.step(t, rep["desired"], where="post", color=COLORS["desired"], ls="--", lw=1, label="desired")
-        if any(rep["held"]):
-            ax2 = ax.twinx()
-            ax2.step(t, rep["held"], where="post", color=COLORS["held"], lw=1, label="held at the activator")
-            ax2.set_ylabel("requests held", color=COLORS["held"])
-            ax2.grid(False)
-        _mark_decisions(ax, decisions, label=True)
-        ax.set_xlim(*span)
-        ax.set(xlabel="seconds since start", ylabel="replicas",
-               title="Replicas, with every scale decision and its reason")
-        ax.set_ylim(0, max(1, max(ready + starting, default=0), max(rep["desired"], default=0)) + 1)
-        ax.legend(loc="upper left", ncol=3)
-        save("replicas", fig)
+    if not rep["t"]:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    t = np.array(rep["t"])
+    ready, starting = np.array(rep["ready"]), np.array(rep["starting"])
+    ax.fill_between(t, 0, ready, step="post", color=COLORS["ready"], alpha=0.8, label="ready")
+    ax.fill_between(t, ready, ready + starting, step="post", color=COLORS["starting"], alpha=0.9, label="starting")
+    ax.step(t, rep["desired"], where="post", color=COLORS["desired"], ls="--", lw=1, label="desired")
+    if any(rep["held"]):
+        ax2 = ax.twinx()
+        ax2.step(t, rep["held"], where="post", color=COLORS["held"], lw=1, label="held at the activator")
+        ax2.set_ylabel("requests held", color=COLORS["held"])
+        ax2.grid(False)
+    _mark_decisions(ax, decisions, label=True)
+    ax.set_xlim(*time_axis(ts))
+    ax.set(xlabel="seconds since start", ylabel="replicas", title="Replicas, with every scale decision and its reason")
+    ax.set_ylim(0, max(1, max(ready + starting, default=0), max(rep["desired"], default=0)) + 1)
+    ax.legend(loc="upper left", ncol=3)
+    return fig
 
-    # duty cycle heatmap
+
+def _duty_chart(plt, matplotlib, ts: dict[str, Any]):
+    """Each replica's slice duty cycle per second, as a heatmap (grey: not running)."""
     duty = ts["duty"]
-    if duty:
-        ids, grid = duty_grid(duty, ts["seconds"])
-        fig, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * len(ids)))
-        cmap = matplotlib.colormaps["viridis"].copy()
-        cmap.set_bad("#eeeeee")
-        # column i is second [i, i + 1): the extent puts it there on the shared axis
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest",
-                       extent=(0, ts["seconds"], len(ids) - 0.5, -0.5))
-        ax.set_xlim(*span)
-        ax.set_yticks(range(len(ids)), [f"{rid} ({duty[rid]['slice']})" for rid in ids])
-        ax.set(xlabel="seconds since start", title="Duty cycle of each replica's slice (grey: not running)")
-        ax.grid(False)
-        fig.colorbar(im, ax=ax, label="busy fraction", pad=0.01)
-        save("duty", fig)
+    if not duty:
+        return None
+    ids, grid = duty_grid(duty, ts["seconds"])
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * len(ids)))
+    cmap = matplotlib.colormaps["viridis"].copy()
+    cmap.set_bad("#eeeeee")
+    # column i is second [i, i + 1): the extent puts it there on the shared axis
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest",
+                   extent=(0, ts["seconds"], len(ids) - 0.5, -0.5))
+    ax.set_xlim(*time_axis(ts))
+    ax.set_yticks(range(len(ids)), [f"{rid} ({duty[rid]['slice']})" for rid in ids])
+    ax.set(xlabel="seconds since start", title="Duty cycle of each replica's slice (grey: not running)")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="busy fraction", pad=0.01)
+    return fig
 
-    # cold starts by phase
+
+def _cold_start_chart(plt, s: dict[str, Any]):
+    """Each replica start split into spawn and load."""
     starts = s["cold_starts"]["replica_starts"]
-    if starts:
-        fig, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * len(starts)))
-        y = np.arange(len(starts))
-        spawn = np.array([c["spawn_s"] for c in starts]) * 1000
-        load = np.array([c["load_s"] for c in starts]) * 1000
-        ax.barh(y, spawn, color=COLORS["spawn"], label="spawn (process up)")
-        ax.barh(y, load, left=spawn, color=COLORS["load"], label="load (model ready)")
-        ax.set_yticks(y, [f"{c['replica']} at {c['t']:.0f} s" for c in starts])
-        ax.invert_yaxis()
-        ax.set(xlabel="ms", title="Replica starts by phase")
-        ax.legend(loc="lower right")
-        save("coldstarts", fig)
+    if not starts:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * len(starts)))
+    y = np.arange(len(starts))
+    spawn = np.array([c["spawn_s"] for c in starts]) * 1000
+    load = np.array([c["load_s"] for c in starts]) * 1000
+    ax.barh(y, spawn, color=COLORS["spawn"], label="spawn (process up)")
+    ax.barh(y, load, left=spawn, color=COLORS["load"], label="load (model ready)")
+    ax.set_yticks(y, [f"{c['replica']} at {c['t']:.0f} s" for c in starts])
+    ax.invert_yaxis()
+    ax.set(xlabel="ms", title="Replica starts by phase")
+    ax.legend(loc="lower right")
+    return fig
 
-    # errors by status
-    if s["errors_by_status"]:
-        fig, ax = plt.subplots(figsize=(10, 2.4))
-        keys = list(s["errors_by_status"])
-        ax.barh(keys, [s["errors_by_status"][k] for k in keys], color=COLORS["failed"])
-        ax.set(xlabel="requests", title="Failed requests by status")
-        save("errors", fig)
 
-    if other is not None:
-        o, ots = other
-        label_a, label_b = _label(s), _label(o)
-        fig, axes = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True)
-        for series, label, style in ((ts, label_a, "-"), (ots, label_b, "--")):
-            xs = np.arange(series["seconds"])
-            axes[0].plot(xs, _nan(series["latency_ms"]["p95"]), ls=style, lw=1.2, marker=".", ms=3,
-                         label=f"p95 {label}")
-            r = series["replicas"]
-            if r["t"]:
-                axes[1].step(r["t"], np.add(r["ready"], r["starting"]), where="post", ls=style, lw=1.3, label=label)
-        if ts["slo_ms"] is not None:
-            axes[0].axhline(ts["slo_ms"], color=COLORS["slo"], ls=":", lw=1, label="SLO")
-        axes[0].set(yscale="log", ylabel="p95 latency (ms, log)", title="Side by side")
-        axes[1].set_xlim(0, max(ts["seconds"], ots["seconds"]))  # the longer run's axis, both from their start
-        axes[1].set(xlabel="seconds since start", ylabel="replicas (ready + starting)")
-        axes[0].legend(loc="upper right")
-        axes[1].legend(loc="upper right")
-        save("compare", fig)
-    return charts
+def _errors_chart(plt, s: dict[str, Any]):
+    """Failed requests by status."""
+    if not s["errors_by_status"]:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 2.4))
+    keys = list(s["errors_by_status"])
+    ax.barh(keys, [s["errors_by_status"][k] for k in keys], color=COLORS["failed"])
+    ax.set(xlabel="requests", title="Failed requests by status")
+    return fig
+
+
+def _compare_chart(plt, s: dict[str, Any], ts: dict[str, Any], other: tuple[dict, dict]):
+    """p95 and replicas of this run beside another's, each from its own start."""
+    o, ots = other
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True)
+    for series, label, style in ((ts, _label(s), "-"), (ots, _label(o), "--")):
+        xs = np.arange(series["seconds"])
+        axes[0].plot(xs, _nan(series["latency_ms"]["p95"]), ls=style, lw=1.2, marker=".", ms=3, label=f"p95 {label}")
+        r = series["replicas"]
+        if r["t"]:
+            axes[1].step(r["t"], np.add(r["ready"], r["starting"]), where="post", ls=style, lw=1.3, label=label)
+    if ts["slo_ms"] is not None:
+        axes[0].axhline(ts["slo_ms"], color=COLORS["slo"], ls=":", lw=1, label="SLO")
+    axes[0].set(yscale="log", ylabel="p95 latency (ms, log)", title="Side by side")
+    axes[1].set_xlim(0, max(ts["seconds"], ots["seconds"]))  # the longer run's axis, both from their start
+    axes[1].set(xlabel="seconds since start", ylabel="replicas (ready + starting)")
+    axes[0].legend(loc="upper right")
+    axes[1].legend(loc="upper right")
+    return fig
 
 
 def time_axis(ts: dict[str, Any]) -> tuple[float, float]:

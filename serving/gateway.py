@@ -1,29 +1,10 @@
-"""The gateway: the front door for every function, and the activator that holds
-requests while a function scales from zero.
-
-- Routes `/v2/models/{N}/...` and `/v1/models/{N}...` to N's ready replicas,
-  least outstanding requests first, over pooled keep-alive connections.
-- No replica ready: the request waits in N's bounded queue and the controller
-  is poked; the queue drains as replicas become ready. Full queue: 503 with
-  Retry-After. Held past the hold timeout: 504. Every held request ends in a
-  response.
-- Cold starts are measured per phase (queue wait, spawn, load, first
-  inference) into `shoal_cold_start_seconds`, and a request that waited for one
-  carries a `Shoal-Cold-Start` header.
-- A connection that fails before the replica read the request is retried on
-  another replica; one the replica dropped without an answer (it died) is sent
-  once more to another. A draining replica takes no new requests; its in-flight
-  ones finish before it is stopped.
-- Each function may have at most `max_inflight_per_function` requests inside the
-  gateway (held or sent); past it a request is answered 503 with Retry-After
-  before its body is read, so one function's burst cannot take every other
-  function's share of the gateway.
-- A request may take the function's own timeout (`timeout_of`), after which the
-  replica answers 504; the gateway's own limit is that plus a margin.
-
-It knows nothing of the controller: the control plane drives it through
-`add_endpoint` / `drain_endpoint` / `remove_endpoint`, and it asks for capacity
-through the `poke` callback it is given.
+"""The gateway: the front door for every function, and the activator that holds requests while
+a function scales from zero. It routes to ready replicas (least outstanding requests), holds
+requests in a bounded queue per function while none is ready (503 when full, 504 past the hold
+timeout, never a silent drop), measures cold starts by phase, retries a request a dead replica
+never answered, and caps each function's share of the gateway. It knows nothing of the
+controller: it is driven through `add_endpoint` / `drain_endpoint` / `remove_endpoint` and asks
+for capacity through its `poke` callback. How each of these behaves: docs/design/gateway.md.
 """
 
 from __future__ import annotations

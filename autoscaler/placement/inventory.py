@@ -10,7 +10,6 @@ Pure: stdlib only; no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Mapping
 
 from autoscaler.placement.types import Allocation, Device
@@ -25,11 +24,3 @@ class Inventory:
     allocations: tuple[Allocation, ...] = ()
     warm: frozenset[tuple[str, str]] = frozenset()  # (function, node) pairs that have run a replica
     busy: Mapping[str, float] = field(default_factory=dict, hash=False)  # device id -> observed duty 0..1
-
-    def used(self, device_id: str) -> tuple[Fraction, int]:
-        """(compute, MiB) allocated on a device; compute as a fraction of the device."""
-        mine = [a for a in self.allocations if a.device == device_id]
-        return sum((a.fraction for a in mine), Fraction(0)), sum(a.memory_mib for a in mine)
-
-    def allocated_ratio(self, device_id: str) -> float:
-        return float(self.used(device_id)[0])

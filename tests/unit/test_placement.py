@@ -321,10 +321,10 @@ def test_consolidation_moves(allocations, max_moves, expected):
 def test_cluster_and_inventory_convert_both_ways():
     cluster = cluster_of(("a", "gpu:0", "1/2", 1024), ("b", "gpu:1", "1/4", 2048))
     inventory = cluster.to_inventory()
-    assert inventory.used("gpu:0") == (Fraction(1, 2), 1024) and inventory.used("gpu:1") == (Fraction(1, 4), 2048)
     assert ("f", "local") in inventory.warm
     again = SliceCluster.from_inventory(inventory)
     assert sorted(again.allocations(), key=str) == sorted(cluster.allocations(), key=str)
+    assert again.used("gpu:0") == (Fraction(1, 2), 1024) and again.used("gpu:1") == (Fraction(1, 4), 2048)
 
 
 # ---- plan() and lower_bound() ----------------------------------------------------------------
@@ -405,12 +405,11 @@ def test_reasons_name_each_of_a_few_devices_with_numbers():
     assert result.counts == (("compute full", 1), ("wrong kind", 1)) and result.status == Status.UNSCHEDULABLE
 
 
-def test_the_inventory_snapshot_adds_up_its_allocations():
-    inventory = SliceCluster.from_inventory(Inventory((gpu(0),), (Allocation("a", "gpu:0", Fraction(1, 4), 1024),
-                                                                  Allocation("b", "gpu:0", Fraction(1, 8), 512)))
-                                            ).to_inventory()
+def test_a_cluster_from_an_inventory_adds_up_its_allocations():
+    cluster = SliceCluster.from_inventory(Inventory((gpu(0),), (Allocation("a", "gpu:0", Fraction(1, 4), 1024),
+                                                                Allocation("b", "gpu:0", Fraction(1, 8), 512))))
     # 1/4 + 1/8 = 3/8 of the compute, 1024 + 512 = 1536 MiB
-    assert inventory.used("gpu:0") == (Fraction(3, 8), 1536) and inventory.allocated_ratio("gpu:0") == 0.375
+    assert cluster.used("gpu:0") == (Fraction(3, 8), 1536) and cluster.allocated_ratio("gpu:0") == 0.375
 
 
 # ---- properties ----------------------------------------------------------------------------
