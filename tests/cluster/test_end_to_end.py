@@ -219,6 +219,8 @@ def replica_processes() -> list[int]:
 def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
     t_start = time.monotonic()
     timings: dict[str, float] = {}
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.fail(f"no Prometheus at {PROMETHEUS}: up.sh installs Debian's `prometheus`")
     shoal_namespace(cluster, NS)
     artifacts = cluster.dir / "artifacts"  # the node agent's directory behind the shoal-artifacts PVC
     pv = artifacts_pv(cluster, NS)
