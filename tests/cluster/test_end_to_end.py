@@ -409,9 +409,10 @@ def _cold_phases(cluster, pod: dict, request_at: float, poke_at: float, scale_at
     created = _ts(pod["metadata"]["creationTimestamp"])
     assert request_at <= poke_at <= scale_at, (request_at, poke_at, scale_at)
     assert int(scale_at) <= created <= conds["PodScheduled"] <= started <= conds["Ready"], (scale_at, created, conds)
+    whole = int(request_at)  # the API's times, as whole seconds from the request's own second
     return {"poke": round(poke_at - request_at, 3), "scale_patch": round(scale_at - request_at, 3),
-            "pod_created": round(created - request_at, 1), "bound": round(conds["PodScheduled"] - request_at, 1),
-            "container_started": round(started - request_at, 1), "ready": round(conds["Ready"] - request_at, 1),
+            "pod_created_whole_s": int(created) - whole, "bound_whole_s": int(conds["PodScheduled"]) - whole,
+            "container_started_whole_s": int(started) - whole, "ready_whole_s": int(conds["Ready"]) - whole,
             "header": header}
 
 
