@@ -39,6 +39,12 @@ if ! command -v etcd >/dev/null; then
     apt-get update -q >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server >&2
 fi
+# Prometheus for the end-to-end test (tests/cluster/test_end_to_end.py starts its own on 127.0.0.1)
+if ! command -v prometheus >/dev/null; then
+    log "installing prometheus from Debian"
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >&2
+fi
 BIN="$("$HERE/build.sh")"
 KUBECTL="$BIN/kubectl"
 
