@@ -1,36 +1,11 @@
 """Shoal's scaling policy: `decide(snapshot, spec, state, now) -> (ScaleDecision, state)`, pure.
-
-What it uses that Knative's KPA and Ray Serve's default policy do not:
-
-- the **duty cycle** of each replica's slice (busy seconds / elapsed, from the executor),
-  next to in-flight concurrency (Little's law), so a model that is slow per request
-  scales on the work it does, not on how many requests happen to be open;
-- **p95 latency against the function's SLO**: over its target share of the SLO, the
-  need is raised in proportion (bounded), so queueing is seen before it piles up;
-- **batches**: a model that batches is sized on its load at full batches, from the batch
-  latencies learned from its replicas (its duty reads high at any load);
-- **the tail**: an error budget (more than 0.1 % of a window's requests over the SLO adds
-  a spare replica), and for a model that does not batch a **burst view** that serves the
-  requests of one SLO window at the (1 - budget) quantile, from the measured variance of
-  its request rate (`estimate_need`, `_variance_sample`);
-- **replicas still starting** count as capacity, and the **measured cold-start time**
-  sets how far ahead the forecast looks;
-- a **burst window** (6 s) that can only raise, and a **scale-down** that waits for a
-  whole delay window of lower need, then goes down by at most half per decision;
-- **scale to zero** after `idle_to_zero_s` with nothing in flight or held, or later when
-  the function's own idle gaps say the next request most likely comes first
-  (`keep_alive_s`);
-- **forecast pre-warming** from the function's own history: a rising trend is
-  extrapolated over the cold-start lead, and a function whose traffic resumes on a
-  regular period (a timer) is warmed just before the next expected onset and let go
-  to zero soon after it, instead of idling through a fixed keep-alive;
-- **slice-size awareness**: replicas that stay hot ask for a bigger slice, a lone
-  replica that idles with latency to spare asks for a smaller one
-  (`ScaleDecision.slice_fraction`, applied to replicas started from then on).
-
-Every decision carries its reason (REASONS) and a detail with the numbers; the
-controller writes them to `shoal events`. Every default is in `PolicyConfig`,
-validated on construction. Nothing here reads a clock: `now` is an argument.
+It sizes each function on the work its replicas' slices do (duty cycle and executor time, at
+full batches for a model that batches), on concurrency, on p95 against the SLO with an error
+budget, and, for a model that does not batch, on the bursts one SLO window can hold; replicas
+still starting count as capacity; it goes to zero when the function's own idle gaps say so and
+warms it again before a forecast onset; every decision carries its reason and the numbers. Every
+default is in `PolicyConfig`. Nothing here reads a clock. The design, with the numbers worked
+out: docs/design/policy.md.
 """
 
 from __future__ import annotations
@@ -234,49 +209,11 @@ class Need(NamedTuple):
 
 def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig,
                   rate: float | None = None, inflight: float | None = None, rate_var: float = 0.0) -> Need:
-    """Replicas the load needs now: the measured work over a duty target that depends on
-    how much latency headroom there is, or more when queueing or the SLO says so.
-
-    - measured work: requests per second x executor seconds per request (it does not
-      saturate at 1 per replica as duty does), or the summed duty if larger; e.g. 300/s x
-      4 ms = 1.2 busy seconds per second;
-    - the duty target: with p95 at or below headroom_pct (50 %) of its target (80 % of
-      the SLO) replicas may run up to max_duty (0.9), which packs a batching model into
-      fewer, fuller replicas; at the target it is the spec's target_duty (0.7); linear
-      between, and the spec's when no p95 is known. E.g. 1.2 / 0.9 = 1.33 with headroom,
-      1.2 / 0.7 = 1.71 without;
-    - a model that batches (snapshot.batch_latency_s, two sizes or more): its work is the
-      load at the largest batch that takes at most batch_latency_share (half) of the p95
-      target, the rest left for waiting on the batch before; e.g. ((1, 4), (8, 6), (32, 14))
-      ms, SLO 100 ms (target 80, half 40): 32 rows in 14 ms, so 1,000/s is 1000 x 0.014 / 32
-      = 0.44 busy seconds per second. Its duty says little (a batcher takes what is queued,
-      so it reads high at any load) and its cost per request falls as batches fill, so a
-      need from the duty of replicas running small batches would keep them small;
-    - concurrency (Little's law), the function's own target per replica: in flight
-      and held / target per replica, e.g. 9 / 4 = 2.25 (executor time misses decoding
-      and queueing, so this view stands on its own; a backlog held through a cold start
-      is not remembered, see decide()). For a model that batches the target is at least
-      what one replica finishes within the p95 target at full batches, e.g. 32 rows per
-      14 ms x 80 ms = 183: such a replica holds a batch in flight by design. This holds at
-      zero replicas too: 700 requests held through a cold start ask for ceil(700 / 183) = 4
-      replicas, not 700 / 4 = 175 (that many once filled a 100-GPU cluster in the Azure-like
-      trace, and the functions behind it queued);
-    - SLO: p95 over its target raises the work view by p95 / target, at most
-      slo_max_boost, e.g. p95 120 ms over 80 ms -> 1.71 x 1.5 = 2.57;
-    - bursts, for a model that does not batch (its throughput is fixed, where a batcher's
-      grows with its queue): the requests that arrive within one SLO window W = SLO -
-      service time, at the (1 - miss_budget) quantile, must be served within it. Their
-      mean is rate x W and their variance rate_var x W (see _variance_sample: the
-      dispersion of one measuring window's counts, which for bursty renewal traffic is
-      no smaller than that of shorter windows), so the quantile is rate x W + z x sqrt(rate_var x W)
-      with z the normal quantile of 1 - miss_budget (3.09 for 0.1 %). E.g. 1,000/s of
-      1 ms requests, SLO 50 ms: W = 49 ms, 49 requests on average; Gamma CV 4 traffic has
-      rate_var = 1,000 x 4^2 = 16,000/s, so 49 + 3.09 x sqrt(16,000 x 0.049) = 135.5
-      requests x 1 ms / 49 ms = 2.77 replicas, where the work view says 1 / 0.9 = 1.11
-      (Poisson traffic: rate_var 1,000, 49 + 3.09 x 7 = 70.6 -> 1.44). A one-at-a-time model
-      sized on its mean work misses its SLO in every burst; this is what the error budget
-      would otherwise learn one late window at a time.
-    """
+    """Replicas the load needs now: the largest of the work view (measured work over a duty
+    target that depends on latency headroom; at full batches for a model that batches), the
+    concurrency view (Little's law) and, for a model that does not batch, the burst view (the
+    requests of one SLO window at the (1 - miss budget) quantile); the work view raised when p95
+    is over its target. Each view with its numbers worked out: docs/design/policy.md."""
     rps = snapshot.rps if rate is None else rate
     slo_target_s = p95_target_s(spec, config)
     target_concurrency = spec.target_concurrency
