@@ -86,8 +86,24 @@ class ConfigMapRegistry:
             raise NotFound(name)
         return self._record(*found)
 
-    def put_function(self, spec: FunctionSpec, now: float) -> tuple[FunctionRecord, bool]:
-        """(the record, whether it changed): a new revision when the spec changed, else the same record."""
+    def put_function(self, spec: FunctionSpec, now: float, attempts: int = 5) -> tuple[FunctionRecord, bool]:
+        """(the record, whether it changed): a new revision when the spec changed, else the same record.
+
+        The write carries the resourceVersion it read (a create: none), so a writer that raced us
+        makes ours a 409 (Conflict, or AlreadyExists on a create); then the ConfigMap is read again
+        and the revision counted from what the other wrote, up to `attempts` times: no update is
+        lost and no revision number is given twice."""
+        for attempt in range(attempts):
+            try:
+                return self._put_once(spec, now)
+            except Exception as exc:  # noqa: BLE001 - only a conflict is retried
+                if getattr(exc, "status", None) != 409 or attempt == attempts - 1:
+                    raise
+                log.info("function %s: conflict writing its ConfigMap (%s); reading it again", spec.name,
+                         getattr(exc, "reason", exc))
+        raise AssertionError("unreachable")
+
+    def _put_once(self, spec: FunctionSpec, now: float) -> tuple[FunctionRecord, bool]:
         doc = spec_to_dict(spec)
         found = self._read().get(spec.name)
         if found is not None and found[1] == doc:
@@ -98,7 +114,7 @@ class ConfigMapRegistry:
         body["data"].update(created_at=repr(created), updated_at=repr(now))
         name = body["metadata"]["name"]
         if found is None:
-            self.core.create_namespaced_config_map(self.namespace, body)
+            self.core.create_namespaced_config_map(self.namespace, body)  # 409 if someone created it first
         else:
             body["metadata"]["resourceVersion"] = found[0]["metadata"].get("resourceVersion")
             self.core.replace_namespaced_config_map(name, self.namespace, body)  # 409 if someone raced us

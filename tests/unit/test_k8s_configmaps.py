@@ -1,0 +1,102 @@
+"""ConfigMapRegistry.put_function against a writer that races it (tests/fakes/kube.py keeps the
+resourceVersion check of the real API server: a stale replace is a 409)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploy.cluster.configmaps import ConfigMapRegistry
+from functions.spec import spec_from_dict
+from tests.fakes.kube import FakeKube, api_error
+
+NS = "shoal"
+
+
+def spec(name: str, max_replicas: int):
+    return spec_from_dict({"name": name, "artifact": "sha256/ab/model.onnx", "scaling": {"max_replicas": max_replicas}})
+
+
+class Racing(FakeKube):
+    """After the registry has read the ConfigMaps, `other` writes first (once per queued spec)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other: list = []
+        self.other_registry: ConfigMapRegistry | None = None
+
+    def list_namespaced_config_map(self, namespace, label_selector=None):
+        listing = super().list_namespaced_config_map(namespace, label_selector)
+        if self.other:
+            self.other_registry.put_function(self.other.pop(0), 2.0)
+        return listing
+
+
+def stored(kube: FakeKube, name: str) -> tuple[int, dict]:
+    cm = kube.config_maps[(NS, f"function-{name}")]
+    return int(cm["data"]["revision"]), json.loads(cm["data"]["spec.json"])
+
+
+def test_a_replace_that_meets_a_409_reads_again_and_counts_the_revision_from_the_winner():
+    kube = Racing()
+    ours, theirs = ConfigMapRegistry(kube, NS, lambda: 1.0), ConfigMapRegistry(FakeKube(), NS, lambda: 1.0)
+    theirs.core = _Plain(kube)
+    kube.other_registry = theirs
+    ours.put_function(spec("f", 1), 1.0)  # revision 1
+    kube.other.append(spec("f", 2))  # revision 2, written between our read and our write
+    record, changed = ours.put_function(spec("f", 3), 3.0)
+    assert changed and record.revision == 3
+    assert stored(kube, "f")[0] == 3
+    assert stored(kube, "f")[1]["scaling"]["max_replicas"] == 3
+    replaces = [c for c in kube.calls if c.startswith("replace_namespaced_config_map")]
+    assert len(replaces) == 3  # theirs, our 409, our retry
+
+
+def test_a_create_that_meets_already_exists_becomes_a_replace():
+    kube = Racing()
+    ours, theirs = ConfigMapRegistry(kube, NS, lambda: 1.0), ConfigMapRegistry(_Plain(kube), NS, lambda: 1.0)
+    kube.other_registry = theirs
+    kube.other.append(spec("g", 2))  # they create it after our read saw nothing
+    record, changed = ours.put_function(spec("g", 5), 3.0)
+    assert changed and record.revision == 2
+    assert stored(kube, "g")[0] == 2 and stored(kube, "g")[1]["scaling"]["max_replicas"] == 5
+
+
+def test_the_same_spec_raced_in_is_no_new_revision():
+    kube = Racing()
+    ours, theirs = ConfigMapRegistry(kube, NS, lambda: 1.0), ConfigMapRegistry(_Plain(kube), NS, lambda: 1.0)
+    kube.other_registry = theirs
+    ours.put_function(spec("h", 1), 1.0)
+    kube.other.append(spec("h", 4))
+    record, changed = ours.put_function(spec("h", 4), 3.0)
+    assert not changed and record.revision == 2
+
+
+def test_conflicts_without_end_give_up_with_the_409_and_other_errors_are_not_retried():
+    kube = FakeKube()
+    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
+    reg.put_function(spec("f", 1), 1.0)
+    kube.fail("replace_namespaced_config_map", *[api_error(409, "conflict") for _ in range(5)])
+    with pytest.raises(Exception) as info:
+        reg.put_function(spec("f", 2), 2.0)
+    assert info.value.status == 409
+    assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 5
+    kube.failures.clear()
+    kube.fail("replace_namespaced_config_map", api_error(422, "invalid"))
+    with pytest.raises(Exception) as info:
+        reg.put_function(spec("f", 2), 2.0)
+    assert info.value.status == 422
+    assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 6
+
+
+class _Plain:
+    """The same store as `kube`, without its race (the other writer's own view)."""
+
+    def __init__(self, kube: FakeKube):
+        self.kube = kube
+
+    def __getattr__(self, name):
+        if name == "list_namespaced_config_map":
+            return lambda ns, label_selector=None: FakeKube.list_namespaced_config_map(self.kube, ns, label_selector)
+        return getattr(self.kube, name)
