@@ -254,6 +254,7 @@ class KubernetesBackend:
         self.status: dict[str, FunctionStatus] = {}
         self.acquired_at: float | None = None
         self._lease_seen: tuple[tuple, float] | None = None  # (the other holder's lease as read, when we saw it)
+        self.outage = Outage("controller", log)
 
     @classmethod
     def from_kubeconfig(cls, cluster: Cluster, identity: str) -> "KubernetesBackend":
@@ -378,8 +379,9 @@ class KubernetesBackend:
         try:
             current = self._read_lease(lease_name)
         except Exception as exc:  # noqa: BLE001
-            log.info("lease %s: cannot read (%s); following", lease_name, _message(exc))
+            self.outage.failed(f"lease {lease_name}: {_message(exc)}; following until it answers")
             return False
+        self.outage.ok()
         if current is not None and current.holder != self.identity:
             seen = (current.holder, current.renewed_at, current.resource_version)
             if self._lease_seen is None or self._lease_seen[0] != seen:
@@ -461,3 +463,38 @@ class KubernetesScaler:
             if verb in ("scale", "create"):
                 changed[name] = self.observed[name].replicas if name in self.observed else 0
         return changed
+
+
+# ---------------------------------------------------------------------- outages
+
+
+class Outage:
+    """One warning when the API server stops answering, one line when it answers again, and
+    nothing in between (a role that retries every second must not log every second). `clock`:
+    monotonic seconds."""
+
+    def __init__(self, what: str, logger: logging.Logger, clock: Callable[[], float] | None = None):
+        import time
+
+        self.what, self.log, self.clock = what, logger, clock or time.monotonic
+        self.since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException | str) -> None:
+        self.failures += 1
+        if self.since is None:
+            self.since = self.clock()
+            self.log.warning("%s: the API server does not answer (%s); keeping what we have, retrying",
+                             self.what, exc if isinstance(exc, str) else _message(exc))  # type: ignore[arg-type]
+
+    def ok(self) -> None:
+        if self.since is not None:
+            self.log.info("%s: the API server answers again; recovered after %.1f s (%d failed attempts)",
+                          self.what, self.clock() - self.since, self.failures)
+        self.since, self.failures = None, 0
+
+
+def quiet_client_retries() -> None:
+    """urllib3 logs a WARNING for each of its own retries of a refused connection (three a call):
+    the roles say an outage once (Outage), so these are kept to errors."""
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)

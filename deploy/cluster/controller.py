@@ -17,7 +17,7 @@ from autoscaler.coldstarts import ColdStarts
 from autoscaler.loop import Loop
 from autoscaler.policy import PolicyState, ScaleDecision
 from autoscaler.sources.promql import FunctionQueries, Query
-from deploy.cluster.backend import KubernetesBackend, KubernetesScaler, Observed
+from deploy.cluster.backend import KubernetesBackend, KubernetesScaler, Observed, quiet_client_retries
 from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
 from functions.spec import FunctionSpec
 
@@ -90,6 +90,14 @@ class ClusterController:
             return result
         self.last_decisions = dict(result.decisions)
         return result
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The API server is away (refused, reset, timed out) or failing (5xx), not a bug of ours."""
+    import urllib3
+
+    status = int(getattr(exc, "status", 0) or 0)
+    return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)) or status >= 500
 
 
 def build_parser():
@@ -200,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_client_retries()
     cluster = Cluster(namespace=args.namespace, image=args.image, artifacts_pvc=args.artifacts_pvc,
                       sharing=Sharing(mode=args.gpu_sharing, gpu=args.gpu, ways=args.ways,
                                       hami_policy=args.hami_policy, vgpu_label=args.vgpu_label))
@@ -224,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = ctl.tick()
                 leader.set(1 if result.leader else 0)
-            except Exception:  # noqa: BLE001 - one bad tick must not end the controller
-                log.exception("tick failed")
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not end the controller
+                if _unreachable(exc):
+                    backend.outage.failed(exc)  # one line for the outage, not a traceback a tick
+                else:
+                    log.exception("tick failed")
             last_tick[0] = time.monotonic()
             wake.wait(args.tick_s)  # a poke from a gateway, or a deploy, starts the next tick at once
             wake.clear()

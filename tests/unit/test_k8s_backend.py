@@ -306,3 +306,42 @@ def test_a_lost_race_follows():
 def test_actions_describe_themselves():
     assert Action("scale", "digits", 3).describe() == "scale digits to 3"
     assert Action("delete", "digits").describe() == "delete digits"
+
+
+def test_an_outage_is_one_warning_and_one_recovery_line(caplog):
+    import logging
+
+    from deploy.cluster.backend import Outage
+
+    now = [100.0]
+    outage = Outage("endpoint sync", logging.getLogger("shoal.test.outage"), clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="shoal.test.outage"):
+        outage.ok()  # nothing to say while it answers
+        for _ in range(20):
+            outage.failed(ConnectionRefusedError("refused"))
+            now[0] += 0.5
+        outage.ok()
+        outage.ok()
+    records = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(records) == 2, records
+    assert records[0][0] == "WARNING" and "does not answer (refused)" in records[0][1]
+    assert records[1][0] == "INFO" and "recovered after 10.0 s (20 failed attempts)" in records[1][1]
+    outage.failed("again")  # a second outage is told again
+    assert len(caplog.records) == 3
+
+
+def test_a_lease_that_cannot_be_read_is_one_warning_then_following(caplog):
+    import logging
+
+    from tests.fakes.kube import FakeKube, api_error
+
+    kube = FakeKube()
+    backend = KubernetesBackend(Cluster(namespace="shoal"), kube, kube, kube, clock=lambda: 1000.0, identity="me")
+    assert backend.lead()
+    kube.fail("read_namespaced_lease", *[api_error(503, "unavailable") for _ in range(5)])
+    with caplog.at_level(logging.INFO, logger="shoal.kubernetes"):
+        assert not any(backend.lead() for _ in range(5))
+        assert backend.lead()  # it answers again: ours, renewed
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"], lines
+    assert "recovered" in lines[1][1]
