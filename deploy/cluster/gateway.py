@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from deploy.cluster.backend import as_dict, items_of
+from deploy.cluster.backend import Outage, as_dict, items_of, quiet_client_retries
 from deploy.cluster.configmaps import FUNCTION_KIND_LABEL
 from deploy.cluster.manifests.render import FUNCTION_LABEL
 from functions.spec import LIMITS, MAX_TIMEOUT_S
@@ -122,7 +122,10 @@ class EndpointSync:
 
     async def sync_once(self) -> list[tuple[str, EndpointView]]:
 
-        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
+        # the client blocks: in a thread, so an API server that hangs (etcd stopped) never stalls
+        # the requests this event loop serves
+        listing = await asyncio.to_thread(self.core.list_namespaced_config_map, self.namespace,
+                                          label_selector=FUNCTION_KIND_LABEL)
         maps = [as_dict(c) for c in items_of(listing)]
         names = {(c["metadata"].get("labels") or {}).get(FUNCTION_LABEL) for c in maps}
         for gone in self.functions - names:
@@ -130,8 +133,8 @@ class EndpointSync:
         self.functions = {n for n in names if n}
         self.timeouts = {n: t for c in maps if (n := (c["metadata"].get("labels") or {}).get(FUNCTION_LABEL))
                          and (t := _timeout_in(c)) is not None}
-        slices = [as_dict(s) for s in items_of(self.discovery.list_namespaced_endpoint_slice(
-            self.namespace, label_selector=SLICE_SELECTOR))]
+        slices = [as_dict(s) for s in items_of(await asyncio.to_thread(
+            self.discovery.list_namespaced_endpoint_slice, self.namespace, label_selector=SLICE_SELECTOR))]
         actions = sync_actions(self.routed, endpoints_from_slices(slices))
         for verb, e in actions:
             key = (e.function, e.replica)
@@ -255,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_client_retries()
     try:
         config.load_incluster_config()
     except config.ConfigException:
@@ -266,12 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     sync = EndpointSync(gateway, client.DiscoveryV1Api(), client.CoreV1Api(), args.namespace)
 
     async def serve() -> None:
+        outage = Outage("endpoint sync", log)  # one warning for an outage, one line when it ends
+
         async def loop() -> None:
             while True:
                 try:
                     await sync.sync_once()
+                    outage.ok()
                 except Exception as exc:  # noqa: BLE001 - the API may be briefly away; keep routing what we have
-                    log.warning("endpoint sync failed: %s", exc)
+                    outage.failed(exc)
                 await asyncio.sleep(args.sync_s)
 
         task = asyncio.create_task(loop())
