@@ -174,7 +174,8 @@ def controller_app(ctl: ClusterController, api: Any, wake: Any, alive: Callable[
             q = parse_qs(scope.get("query_string", b"").decode())
             function = (q.get("function") or [""])[0]
             if not function:
-                return await send_error(send_, InvalidInput("POST /poke needs ?function=NAME (and &held=N)"))
+                await send_error(send_, InvalidInput("POST /poke needs ?function=NAME (and &held=N)"))
+                return
             try:
                 held = int((q.get("held") or ["1"])[0])
             except ValueError:

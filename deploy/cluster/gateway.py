@@ -196,7 +196,8 @@ def api_proxy(controller_url: str):
             request = client.build_request(scope["method"], target, headers=headers, content=body())
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            return await send_error(send, Unavailable(f"the control API (controller) is unreachable: {exc}"))
+            await send_error(send, Unavailable(f"the control API (controller) is unreachable: {exc}"))
+            return
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()

@@ -239,7 +239,8 @@ class ControlPlane:
         if path == "/v1/models":
             denied = self.gateway.denied(dict(scope["headers"]))
             if denied is not None:  # with --auth-inference the list of functions is not public either
-                return await send_error(send, denied)
+                await send_error(send, denied)
+                return
             return await send_response(send, 200, dumps({"models": sorted(self.source.functions())}))
         await send_error(send, RouteNotFound(f"no route for {path!r}"))
 

@@ -5,10 +5,12 @@ the gateway's URL only, as it would to a cluster's gateway Service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -126,3 +128,30 @@ def test_gateway_answers_503_when_the_controller_is_away(tmp_path):
         assert r.status_code == 503 and r.headers["retry-after"] == "5" and "unreachable" in r.json()["error"]
     finally:
         server.should_exit = True
+
+
+@pytest.mark.parametrize("app, path, method, status", [
+    # the gateway's /api proxy with the controller away: 503, as the table says
+    ("proxy", "/api/v1/functions", "GET", 503),
+    # the controller's /poke without a function: 400
+    ("controller", "/poke", "POST", 400),
+], ids=["gateway-api-proxy", "controller-poke"])
+def test_an_error_answer_returns_none_to_the_asgi_server(app, path, method, status):
+    # an ASGI callable must return None: one that returned send_error's status made uvicorn log
+    # "ASGI callable should return None, but returned '503'" on every such answer
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    if app == "proxy":
+        asgi = api_proxy("http://127.0.0.1:9")  # nothing listens on port 9
+    else:
+        ctl = SimpleNamespace(is_leader=True, poke=lambda f, h: None)
+        asgi = controller_app(ctl, None, SimpleNamespace(set=lambda: None), lambda: True)
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": []}
+    assert asyncio.run(asgi(scope, receive, send)) is None
+    assert sent[0]["status"] == status
