@@ -14,8 +14,9 @@ default, the controller's tick). In each tick:
 4. each function with replicas or held requests gets a `MetricsSnapshot` (ready and
    starting replicas, average concurrency by Little's law, requests held, duty cycle
    per replica, p95 of the tick's requests, measured cold start, slice) and the
-   policy's `decide()`; replicas are placed on slices with the placement package and
-   removed with its consolidating victim choice.
+   policy's `decide()`, all of a tick's looks in one call (`autoscaler.looks`);
+   replicas are placed on slices with the placement package and removed with its
+   consolidating victim choice.
 
 Serving is exact per request for a deterministic service time: with identical
 servers and FIFO, request k of a tick goes to the server that served request k - c
@@ -745,6 +746,7 @@ class Simulation:
         self._settle(fid, snapshot, self.policy.decide(fid, snapshot, self.specs[fid], now), now)
 
     def _settle(self, fid: int, snapshot: MetricsSnapshot, decision: ScaleDecision, now: float) -> None:
+        """`decision` on `snapshot` applied, then the function's quiet time and wake-up."""
         self._apply(fid, decision, now)
         current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
         cold = self._cold[fid]
