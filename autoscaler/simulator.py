@@ -14,8 +14,9 @@ default, the controller's tick). In each tick:
 4. each function with replicas or held requests gets a `MetricsSnapshot` (ready and
    starting replicas, average concurrency by Little's law, requests held, duty cycle
    per replica, p95 of the tick's requests, measured cold start, slice) and the
-   policy's `decide()`; replicas are placed on slices with the placement package and
-   removed with its consolidating victim choice.
+   policy's `decide()`, all of a tick's looks in one call (`autoscaler.looks`);
+   replicas are placed on slices with the placement package and removed with its
+   consolidating victim choice.
 
 Serving is exact per request for a deterministic service time: with identical
 servers and FIFO, request k of a tick goes to the server that served request k - c
@@ -44,11 +45,11 @@ import time as _time
 import warnings
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
-from autoscaler import native, policy
+from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve
 from autoscaler.metrics import MetricsSnapshot
 from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
@@ -135,6 +136,7 @@ class SimPolicy(Protocol):
 
     def cold_start_s(self, profile: Profile) -> float: ...
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision: ...
+    def look_each(self, tick: looks.Tick, functions: looks.Functions) -> tuple[list[looks.Looked], list[float] | None]: ...
     def wake_at(self, fid: int, lead_s: float) -> float | None: ...
     def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float: ...
     def scheduled(self, tick: int) -> list[tuple[int, int]]: ...
@@ -155,6 +157,14 @@ class _Reactive:
         decision, self.states[fid] = self._step(snapshot, spec, self._initial() if state is None else state, now)
         return decision
 
+    def look_each(self, tick: looks.Tick, functions: looks.Functions) -> tuple[list[looks.Looked], list[float] | None]:
+        """decide() for each function of the tick in turn, every look to act on (no quiet times)."""
+        acted = []
+        for i, fid in enumerate(tick.fids):
+            snapshot = looks.snapshot_of(tick, i, functions)
+            acted.append(looks.Looked(fid, snapshot, self.decide(fid, snapshot, functions.specs[fid], tick.now)))
+        return acted, None
+
     def wake_at(self, fid: int, lead_s: float) -> float | None:
         return None
 
@@ -166,20 +176,22 @@ class _Reactive:
 
 
 class ShoalPolicy(_Reactive):
-    """Shoal's decide() per function. `compiled` (the default): policy.py compiled by mypyc
-    (autoscaler.native), the same source, several times faster; where it cannot be built the
-    interpreted module runs instead, with a warning, and `engine` says which runs. False:
-    policy.py as the interpreter runs it, the reference a compiled run is checked against."""
+    """Shoal's decide() per function, a tick's looks in one call (autoscaler.looks). `compiled`
+    (the default): policy.py and looks.py compiled by mypyc in one group (autoscaler.native), the
+    same sources, several times faster; where they cannot be built the interpreted modules run
+    instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
+    interpreter runs them, the reference a compiled run is checked against."""
 
     def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True):
         super().__init__("shoal", self._step, PolicyState)
         self.config = config
-        self.module, self.engine = policy, "interpreted"
+        self.module, self.looks, self.engine = policy, looks, "interpreted"
         if compiled:
             try:
-                self.module, self.engine = native.load("autoscaler.policy"), "compiled (mypyc)"
+                (self.module, self.looks), self.engine = \
+                    native.load_group(("autoscaler.policy", "autoscaler.looks")), "compiled (mypyc)"
             except native.CompileError as error:
-                warnings.warn(f"policy.py runs interpreted, several times slower: {error}", RuntimeWarning,
+                warnings.warn(f"policy.py and looks.py run interpreted, several times slower: {error}", RuntimeWarning,
                               stacklevel=2)
                 self.engine = f"interpreted (not compiled: {str(error).splitlines()[0]})"
         # the module's own PolicyConfig: a compiled decide() takes no other class
@@ -198,6 +210,12 @@ class ShoalPolicy(_Reactive):
         decision, self.states[fid] = self.module.decide(snapshot, spec, self.module.PolicyState() if state is None
                                                         else state, now, self._config)
         return decision
+
+    def look_each(self, tick: looks.Tick, functions: looks.Functions) -> tuple[list[looks.Looked], list[float] | None]:
+        acted, quiet = self.looks.look_each(tick, functions, self.states, self._config)
+        for look in acted:  # for quiet_until, asked once the caller has acted
+            self.specs[look.fid] = functions.specs[look.fid]
+        return acted, quiet
 
     def wake_at(self, fid: int, lead_s: float) -> float | None:
         """Periodic traffic expected: be asked again when its pre-warm is due."""
@@ -336,6 +354,8 @@ class Simulation:
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}  # shared by (profile, speed)
         self._tables = [self._batch_table(fid) for fid in range(n)]  # per function, kept as its replicas change
+        # what a tick's looks read of every function: these very lists and dict, as they change
+        self._functions = looks.Functions(self._names, self.specs, self._cold, self._slice_of, self._tables, self.held)
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -681,34 +701,34 @@ class Simulation:
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
-        for fid, snapshot in zip(live.tolist(), self._tick_snapshots(live, ready[live], t1)):
-            self._look(fid, snapshot, t1)
+        self._look_each(live, ready[live], t1)
         waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
-        for fid, snapshot in zip(waiting.tolist(), self._tick_snapshots(waiting, ready[waiting], t1)):
-            self._look(fid, snapshot, t1)
+        self._look_each(waiting, ready[waiting], t1)
 
-    def _tick_snapshots(self, fids: np.ndarray, ready: np.ndarray, now: float) -> Iterator[MetricsSnapshot]:
-        """The snapshot of each of `fids` (`ready` replicas ready at `now`) from this tick's
-        measurements: concurrency by Little's law (summed latency / tick), the duty of each
-        ready replica (busy seconds / (ready x tick), at most 1), p95, seconds of service
-        and the share over the SLO per request answered. The tick's numbers come from numpy
-        at once; each snapshot is built when its look comes (counts and held requests as then)."""
+    def _look_each(self, fids: np.ndarray, ready: np.ndarray, now: float) -> None:
+        """The policy's looks at `fids` (`ready` replicas ready at `now`) from this tick's
+        measurements, in one call (looks.look_each), then the decisions to act on, in order:
+        the same as one look and its action after another, since a function's snapshot, spec
+        and state are its own and acting on a decision changes only its own. Concurrency by
+        Little's law (summed latency / tick), the duty of each ready replica (busy seconds /
+        (ready x tick), at most 1), p95, seconds of service and the share over the SLO per
+        request answered, from numpy at once."""
+        if not len(fids):
+            return
         dt = self.config.tick_s
         n, busy = self.tick_n[fids], self.tick_busy[fids]
         with np.errstate(divide="ignore", invalid="ignore"):
             duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
             service = np.where(n > 0, busy / n, np.nan)
             over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)
-        held = self.held
-        for fid, r, inflight, d, rps, p95, s, over in zip(
-                fids.tolist(), ready.tolist(), (self.tick_lat[fids] / dt).tolist(), duty.tolist(), (n / dt).tolist(),
-                self.tick_p95[fids].tolist(), service.tolist(), over_slo.tolist()):
-            yield MetricsSnapshot(
-                self._names[fid], now, ready=r, starting=len(self.slots[fid]) - r, inflight=inflight,
-                activator_queue=len(held[fid]) if fid in held else 0, duty=(d,) * r, rps=rps,
-                p95_s=None if math.isnan(p95) else p95, cold_start_s=self._cold[fid],
-                slice_fraction=self._slice_of[fid], service_s=None if math.isnan(s) else s,
-                batch_latency_s=self._tables[fid], over_slo=over, window_s=dt)
+        tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
+                          duty.tolist(), (n / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
+                          over_slo.tolist(), now, dt)
+        acted, quiet = self.policy.look_each(tick, self._functions)
+        if quiet is not None:
+            self.quiet[fids] = quiet
+        for fid, snapshot, decision in acted:
+            self._settle(fid, snapshot, decision, now)
 
     def _decide(self, fid: int, now: float, activator_queue: int) -> None:
         """A look between ticks (a request held, a pre-warm due): only the held requests are known."""
@@ -723,7 +743,10 @@ class Simulation:
     def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
         """The policy's decision on `snapshot`, applied; when the policy may leave the function
         alone (idle) or should be asked again (a pre-warm ahead)."""
-        decision = self.policy.decide(fid, snapshot, self.specs[fid], now)
+        self._settle(fid, snapshot, self.policy.decide(fid, snapshot, self.specs[fid], now), now)
+
+    def _settle(self, fid: int, snapshot: MetricsSnapshot, decision: ScaleDecision, now: float) -> None:
+        """`decision` on `snapshot` applied, then the function's quiet time and wake-up."""
         self._apply(fid, decision, now)
         current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
         cold = self._cold[fid]

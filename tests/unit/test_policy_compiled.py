@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from autoscaler import native
+from autoscaler import looks as interpreted_looks
 from autoscaler import policy as interpreted
 from autoscaler import simulator as S
 from autoscaler.metrics import MetricsSnapshot
@@ -134,6 +135,78 @@ def test_every_look_is_the_same_compiled_or_not(config, start):
         config.scale_down_delay_s == 0, reasons
 
 
+
+def _tick(rng: np.random.Generator, fids: list[int], replicas: list[int], now: float) -> interpreted_looks.Tick:
+    """A tick's measurements of `fids`: some idle (nothing answered: NaN p95 and service)."""
+    ready = [int(rng.integers(0, r + 1)) for r in replicas]
+    answered = [bool(rng.random() < 0.7) for _ in fids]
+    nan = float("nan")
+    return interpreted_looks.Tick(
+        fids, ready, replicas, [float(rng.exponential(2.0)) if a else 0.0 for a in answered],
+        [float(rng.uniform(0.0, 1.0)) if a else 0.0 for a in answered],
+        [float(rng.lognormal(3.0, 1.0)) if a else 0.0 for a in answered],
+        [float(rng.uniform(0.001, 0.3)) if a else nan for a in answered],
+        [float(rng.uniform(0.001, 0.02)) if a else nan for a in answered],
+        [float(rng.choice([0.0, 0.01])) if a else 0.0 for a in answered], now, 1.0)
+
+
+def test_a_ticks_looks_are_the_same_compiled_or_not():
+    """looks.look_each compiled with policy.py (one mypyc group) against both interpreted:
+    200 ticks of 40 functions, counts following the decisions; the same looks to act on
+    (snapshot and decision), the same quiet times and the same states. And each look is
+    decide() on snapshot_of(): the interpreted look_each against decide() one by one."""
+    fast_policy, fast_looks = native.load_group(("autoscaler.policy", "autoscaler.looks"))
+    rng = np.random.default_rng(11)
+    n = 40
+    specs = [_spec(rng) for _ in range(n)]
+    functions = interpreted_looks.Functions(
+        [f"f{i}" for i in range(n)], specs, [2.0] * n, [0.25] * n, [TABLES[i % len(TABLES)] for i in range(n)],
+        {3: [0.5, 0.7], 9: [0.9]})
+    replicas = [int(rng.integers(0, 4)) for _ in range(n)]
+    mine: dict = {}
+    theirs: dict = {}
+    one_by_one: dict = {}
+    acted_seen = 0
+    for step in range(200):
+        fids = sorted(int(f) for f in rng.choice(n, size=25, replace=False))
+        tick = _tick(rng, fids, [replicas[f] for f in fids], 100.0 + step)
+        acted, quiet = interpreted_looks.look_each(tick, functions, mine)
+        other, other_quiet = fast_looks.look_each(tick, functions, theirs, fast_policy.PolicyConfig())
+        assert [(a.fid, tuple(a.snapshot), tuple(a.decision)) for a in other] == \
+            [(a.fid, tuple(a.snapshot), tuple(a.decision)) for a in acted]
+        assert other_quiet == quiet and theirs == mine
+        for i, fid in enumerate(fids):
+            snapshot = interpreted_looks.snapshot_of(tick, i, functions)
+            decision, one_by_one[fid] = interpreted.decide(snapshot, specs[fid], one_by_one.get(
+                fid, interpreted.PolicyState()), tick.now)
+            replicas[fid] = max(0, decision.desired)
+        assert one_by_one == mine
+        acted_seen += len(acted)
+    assert 0 < acted_seen < 200 * 25
+
+
+def test_a_group_calls_its_own_compiled_modules(tmp_path, monkeypatch):
+    """load_group builds modules that import each other under the group's names: the second
+    calls the first as compiled in the group, not the interpreted module. Another form of
+    import of a module of the group is refused before a build."""
+    package = tmp_path / "src" / "shoalgrouptest"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "rule.py").write_text("def scaled(x: float) -> float:\n    return x * 2\n")
+    (package / "user.py").write_text("from shoalgrouptest.rule import scaled\n\n\n"
+                                     "def twice(x: float) -> float:\n    return scaled(scaled(x))\n")
+    (package / "other.py").write_text("import shoalgrouptest.rule\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setenv("SHOAL_COMPILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    importlib.invalidate_caches()
+    rule, user = native.load_group(("shoalgrouptest.rule", "shoalgrouptest.user"))
+    assert user.twice(1.5) == 6.0 and user.scaled is rule.scaled
+    assert rule.__name__.startswith("shoal_rule_") and user.__name__ == "shoal_user_" + rule.__name__[len("shoal_rule_"):]
+    with pytest.raises(native.CompileError, match="other, line 1"):
+        native.load_group(("shoalgrouptest.rule", "shoalgrouptest.other"))
+
+
 def _record(trace, compiled_: bool, gpus: int) -> tuple[dict, S.ShoalPolicy]:
     profiles = S.assign_profiles(trace, 0)
     policy = S.ShoalPolicy(compiled=compiled_)
@@ -157,13 +230,13 @@ def test_whole_runs_are_the_same_compiled_or_not(kind, options, gpus):
 
 
 def test_without_a_compiler_the_interpreted_policy_runs_and_says_so(monkeypatch):
-    def fail(module):
+    def fail(modules):
         raise native.CompileError("mypyc is not installed (pip install mypy)")
 
-    monkeypatch.setattr(native, "load", fail)
-    with pytest.warns(RuntimeWarning, match="policy.py runs interpreted"):
+    monkeypatch.setattr(native, "load_group", fail)
+    with pytest.warns(RuntimeWarning, match="policy.py and looks.py run interpreted"):
         policy = S.ShoalPolicy()
-    assert policy.module is interpreted
+    assert policy.module is interpreted and policy.looks is interpreted_looks
     assert policy.engine == "interpreted (not compiled: mypyc is not installed (pip install mypy))"
 
 
@@ -193,3 +266,28 @@ def test_an_edited_source_is_built_again_never_served_stale(tmp_path, monkeypatc
         warnings.simplefilter("error")
         monkeypatch.setattr(native, "_loaded", {})
         assert native.load("shoalcachetest.rule").__name__ == loaded[1].__name__  # from the cache, not rebuilt
+
+
+def test_a_cache_others_may_write_to_is_refused(tmp_path, monkeypatch):
+    # what the cache holds is loaded as code: a folder others can write is not used
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv("SHOAL_COMPILE_CACHE", str(folder))
+    with pytest.raises(native.CompileError, match="not this user's alone"):
+        native._trusted_cache()
+    folder.chmod(0o700)
+    assert native._trusted_cache() == folder
+
+
+def test_the_type_check_tree_holds_packages_as_their_init(tmp_path):
+    # an installed shoal's root is site-packages, which mypy refuses: the build writes the
+    # sources it hashed into a tree of its own, a package as its __init__
+    sources = {"autoscaler.placement": b"from autoscaler.placement.types import Device\n",
+               "autoscaler.placement.types": b"class Device: ...\n", "functions.spec": b"X = 1\n"}
+    for module, source in sources.items():
+        native._write_module(tmp_path, module, source, any(o.startswith(module + ".") for o in sources))
+    assert (tmp_path / "autoscaler" / "placement" / "__init__.py").read_bytes() == sources["autoscaler.placement"]
+    assert (tmp_path / "autoscaler" / "placement" / "types.py").read_bytes() == sources["autoscaler.placement.types"]
+    assert (tmp_path / "autoscaler" / "__init__.py").read_bytes() == b""
+    assert (tmp_path / "functions" / "spec.py").read_bytes() == b"X = 1\n"
