@@ -289,10 +289,16 @@ class KubernetesBackend:
 
     # apply
 
-    def reconcile(self, desired: dict[str, Desired], keep: frozenset[str] = frozenset()) -> ReconcileResult:
+    def reconcile(self, desired: dict[str, Desired], keep: frozenset[str] = frozenset(),
+                  observed: dict[str, Observed] | None = None) -> ReconcileResult:
+        """Bring the cluster to `desired`. `observed`: what this tick's `observe()` saw (the
+        controller's tick passes it, so a tick lists each kind once); None looks again. A write
+        from a stale look is safe: a replace carries the resourceVersion seen (409), a create of
+        what exists is a 409, a scale or a replace of what went is a 404: each is retried."""
         now = self.clock()
         result = ReconcileResult()
-        observed = self.observe()
+        if observed is None:
+            observed = self.observe()
         for action in plan(self.cluster, desired, observed, keep):
             st = self.status.setdefault(action.function, FunctionStatus())
             want = desired.get(action.function)
@@ -454,7 +460,7 @@ class KubernetesScaler:
         self.lost_lease = not self.backend.lead(self.lease, self.lease_s)
         if self.lost_lease:
             return {}
-        self.applied = self.backend.reconcile(desired, keep).applied
+        self.applied = self.backend.reconcile(desired, keep, self.observed).applied  # this tick's look
         changed = {}
         for action in self.applied:
             verb, name = action.split(" ")[:2]
