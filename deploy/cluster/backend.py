@@ -277,10 +277,9 @@ class KubernetesBackend:
 
     def observe(self) -> dict[str, Observed]:
         ns = self.cluster.namespace
-        deployments = [as_dict(d) for d in items_of(self.apps.list_namespaced_deployment(ns,
-                                                                                    label_selector=REPLICA_SELECTOR))]
-        services = {as_dict(s)["metadata"]["labels"].get(FUNCTION_LABEL)
-                    for s in items_of(self.core.list_namespaced_service(ns, label_selector=REPLICA_SELECTOR))}
+        deployments = list_items(self.apps.list_namespaced_deployment, ns, REPLICA_SELECTOR)
+        services = {s["metadata"]["labels"].get(FUNCTION_LABEL)
+                    for s in list_items(self.core.list_namespaced_service, ns, REPLICA_SELECTOR)}
         out: dict[str, Observed] = {}
         for d in deployments:
             labels = d["metadata"].get("labels") or {}
@@ -430,6 +429,18 @@ class KubernetesBackend:
         return LeaseView(spec.get("holderIdentity"), _parse_time(spec.get("renewTime")),
                          float(spec.get("leaseDurationSeconds") or 15), int(spec.get("leaseTransitions") or 0),
                          (lease.get("metadata") or {}).get("resourceVersion"))
+
+
+def list_items(call: Callable[..., Any], namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """A namespaced list call's items as plain dicts, from the answer's JSON (`_preload_content=False`):
+    the client's models are not built (pydantic validates every field of every object) only to be
+    turned back into dicts, which at 2,000 functions was most of a tick. A fake answers a dict."""
+    import json
+
+    listing = call(namespace, label_selector=label_selector, _preload_content=False)
+    if isinstance(listing, dict):
+        return [as_dict(x) for x in items_of(listing)]
+    return json.loads(listing.data).get("items") or []
 
 
 def items_of(listing: Any) -> list[Any]:
