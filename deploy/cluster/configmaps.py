@@ -10,7 +10,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from deploy.cluster.backend import as_dict, items_of
+from deploy.cluster.backend import as_dict, items_of, list_items
 from functions.registry import Event, FunctionRecord, NotFound
 from functions.spec import FunctionSpec, spec_from_dict, spec_to_dict
 
@@ -28,10 +28,9 @@ class ConfigMapFunctions:
 
     def functions(self) -> dict[str, tuple[FunctionSpec, int]]:
         """The functions whose spec reads; the names of those that do not are in `self.broken`."""
-        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=FUNCTION_KIND_LABEL)
         out: dict[str, tuple[FunctionSpec, int]] = {}
         broken: set[str] = set()
-        for cm in map(as_dict, items_of(listing)):
+        for cm in list_items(self.core.list_namespaced_config_map, self.namespace, FUNCTION_KIND_LABEL):
             data = cm.get("data") or {}
             try:
                 spec = spec_from_dict(json.loads(data["spec.json"]))

@@ -54,7 +54,8 @@ class FakeKube:
         return str(self._version)
 
     # apps/v1 Deployments and their scale subresource
-    def list_namespaced_deployment(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+    def list_namespaced_deployment(self, namespace: str, label_selector: str | None = None,
+                                   _preload_content: bool = True) -> dict[str, Any]:
         self._call("list_namespaced_deployment", namespace)
         return {"items": [copy.deepcopy(d) for (ns, _), d in sorted(self.deployments.items())
                           if ns == namespace and _matches(d["metadata"].get("labels", {}), label_selector)]}
@@ -109,7 +110,8 @@ class FakeKube:
         return self.deployments[(namespace, name)]
 
     # v1 Services
-    def list_namespaced_service(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+    def list_namespaced_service(self, namespace: str, label_selector: str | None = None,
+                                _preload_content: bool = True) -> dict[str, Any]:
         self._call("list_namespaced_service", namespace)
         return {"items": [copy.deepcopy(s) for (ns, _), s in sorted(self.services.items())
                           if ns == namespace and _matches(s["metadata"].get("labels", {}), label_selector)]}
@@ -130,7 +132,8 @@ class FakeKube:
         return {"kind": "Status", "status": "Success"}
 
     # v1 ConfigMaps
-    def list_namespaced_config_map(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+    def list_namespaced_config_map(self, namespace: str, label_selector: str | None = None,
+                                   _preload_content: bool = True) -> dict[str, Any]:
         self._call("list_namespaced_config_map", namespace)
         return {"items": [copy.deepcopy(c) for (ns, _), c in sorted(self.config_maps.items())
                           if ns == namespace and _matches(c["metadata"].get("labels", {}), label_selector)]}
@@ -159,7 +162,8 @@ class FakeKube:
         return cm
 
     # discovery.k8s.io/v1 EndpointSlices (written by the test, as the EndpointSlice controller would)
-    def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str | None = None) -> dict[str, Any]:
+    def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str | None = None,
+                                       _preload_content: bool = True) -> dict[str, Any]:
         self._call("list_namespaced_endpoint_slice", namespace)
         return {"items": [copy.deepcopy(e) for (ns, _), e in sorted(self.endpoint_slices.items())
                           if ns == namespace and _matches(e["metadata"].get("labels", {}), label_selector)]}

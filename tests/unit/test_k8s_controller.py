@@ -334,3 +334,25 @@ def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
         seen.append(c.cold_starts.latest.get("digits"))
     assert seen == [None] * 11 + [12.0]
     assert [x.cold_start_s for x in snapshots] == [None] * 12 + [12.0]  # what decide() was given
+
+
+def _steady_calls(n: int) -> list[str]:
+    """The API calls of one steady tick (after the tick that created everything) with n functions."""
+    kube, clock = FakeKube(), Clock()
+    for i in range(n):
+        deploy_function(kube, f"f{i:04d}")
+    ctl = controller(kube, lambda promql: [], clock)
+    clock.t += 2
+    assert len(ctl.tick().applied) == n  # the first tick creates every Deployment and Service
+    clock.t += 2
+    del kube.calls[:]
+    assert ctl.tick().applied == []
+    return sorted(c.split(" ")[0] for c in kube.calls)
+
+
+def test_a_steady_tick_makes_the_same_calls_for_3_and_300_functions():
+    """Issue 21, must-show 6 (tests/cluster/test_scale.py checks it on a real API server): one list
+    per kind and the Lease, never a call per function."""
+    assert _steady_calls(3) == _steady_calls(300) == sorted(
+        ["read_namespaced_lease", "replace_namespaced_lease"] * 2
+        + ["list_namespaced_config_map", "list_namespaced_deployment", "list_namespaced_service"])
