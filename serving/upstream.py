@@ -106,7 +106,10 @@ class UpstreamPool:
         for name, value in headers:
             head += [name, b": ", value, b"\r\n"]
         head.append(b"content-length: %d\r\n\r\n" % len(body))
-        writer.write(b"".join(head) + body)
+        try:
+            writer.write(b"".join(head) + body)
+        except RuntimeError as exc:  # uvloop: "unable to perform operation on ...; the handler is closed"
+            raise _NothingRead(f"the connection closed before the request was sent: {exc}") from None
         while True:
             try:
                 status_line = await reader.readline()
