@@ -1,39 +1,13 @@
-"""A discrete-event cluster simulator that runs the real policy and placement code.
-
-Every request of a trace is simulated; time advances in decision ticks (1 s by
-default, the controller's tick). In each tick:
-
-1. scheduled baselines (static, oracle) set their replica counts for the tick;
-2. a request for a function with no replica is held, as the activator holds it,
-   and the policy is asked at once, at that request's arrival time (the gateway
-   pokes the controller); the replica it starts serves after the function's
-   cold start;
-3. the tick's requests are served, first come first served, by the function's
-   replicas (a replica still starting is a server that is free from its ready
-   time, so held requests drain as replicas become ready);
-4. each function with replicas or held requests gets a `MetricsSnapshot` (ready and
-   starting replicas, average concurrency by Little's law, requests held, duty cycle
-   per replica, p95 of the tick's requests, measured cold start, slice) and the
-   policy's `decide()`, all of a tick's looks in one call (`autoscaler.looks`);
-   replicas are placed on slices with the placement package and removed with its
-   consolidating victim choice.
-
-Serving is exact per request for a deterministic service time: with identical
-servers and FIFO, request k of a tick goes to the server that served request k - c
-(c servers), so each server is a single-server queue over every c-th request and
-its departures follow d_r = max(a_r, d_(r-1)) + S, i.e. d_r = (r+1) S + max(free,
-cummax(a_r - r S)). All servers of all functions are solved with one segmented
-cummax per tick (numpy), which is what makes an hour of 10,000 functions fit in a
-minute. Approximations, the same for every policy: one service time per function
-per tick (batch size from the tick's load per replica, see `batch_size`, latency
-from the function's batch profile, scaled by the slice's compute share); a request over
-the timeout is counted as timed out but still occupies its replica; a removed
-replica's queued requests finish (its slice is charged until they do).
-
-Units: `replica_slice_seconds` is the sum over replicas of (share of a GPU held)
-x (seconds held, starting included): 1.0 is one whole GPU for one second.
-`whole_gpu_seconds` counts GPUs with any slice allocated. Every GPU here is
-simulated; no figure from this module is a GPU measurement.
+"""A discrete-event cluster simulator that runs the real policy and placement code on every
+request of a trace, in decision ticks (1 s by default, the controller's): requests for a function
+at zero are held and the policy asked at once, as the gateway pokes; each tick's requests are
+served exactly per request for a deterministic service time (one segmented cummax over all
+servers, in numpy); every function with replicas or held requests gets a `MetricsSnapshot` and a
+look of its policy (a tick's looks in one call, `autoscaler.looks`); replicas are placed and
+removed by the placement package. `replica_slice_seconds` is the sum over replicas of (share of a
+GPU) x (seconds held, starting included). Every GPU here is simulated: no figure from this
+module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
+docs/design/simulator.md.
 """
 
 from __future__ import annotations
