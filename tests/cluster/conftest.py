@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from node_agent import Api  # noqa: E402
+from roles import wait_for  # noqa: E402
 
 FIELD_MANAGER = "shoal-cluster-tests"
 
@@ -53,14 +54,7 @@ class Cluster:
     def wait(self, what: str, fn, timeout_s: float = 60, every_s: float = 0.5):
         """fn() until it returns something truthy; AssertionError naming `what` (and fn's last
         value) at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        last = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(every_s)
-        raise AssertionError(f"{what}: not after {timeout_s}s (last: {str(last)[:500]})")
+        return wait_for(what, fn, timeout_s, every_s)
 
 
 def read_env(path: Path) -> dict[str, str]:

@@ -44,7 +44,7 @@ import httpx
 import pytest
 from conftest import pod_ready
 from roles import Role, controller_args, free_port, sa_kubeconfig, shoal_namespace, wait_for
-from test_render_apply import artifacts_pv
+from test_render_apply import artifacts_storage
 
 from deploy.cluster.configmaps import FUNCTION_KIND_LABEL
 from deploy.cluster.manifests.render import FUNCTION_LABEL, REPLICA_PORT
@@ -223,15 +223,7 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
         pytest.fail(f"no Prometheus at {PROMETHEUS}: up.sh installs Debian's `prometheus`")
     shoal_namespace(cluster, NS)
     artifacts = cluster.dir / "artifacts"  # the node agent's directory behind the shoal-artifacts PVC
-    pv = artifacts_pv(cluster, NS)
-    code, body = cluster.apply(f"/api/v1/persistentvolumes/{pv['metadata']['name']}", pv)
-    assert code in (200, 201), body
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-           "metadata": {"name": "shoal-artifacts", "namespace": NS},
-           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv["metadata"]["name"],
-                    "resources": {"requests": {"storage": "1Gi"}}}}
-    code, body = cluster.apply(f"/api/v1/namespaces/{NS}/persistentvolumeclaims/shoal-artifacts", pvc)
-    assert code in (200, 201), body
+    pv = artifacts_storage(cluster, NS)
     cluster.wait("the artifacts PVC bound", lambda: (cluster.get(
         f"/api/v1/namespaces/{NS}/persistentvolumeclaims/shoal-artifacts") or {}).get("status", {}).get("phase")
         == "Bound", timeout_s=30)

@@ -44,7 +44,7 @@ from conftest import HERE, Cluster, pod_ready, read_env
 from node_agent import Api
 from roles import PromStub, Role, controller_args, free_port, sa_kubeconfig, shoal_namespace, wait_for
 from test_end_to_end import shoal
-from test_render_apply import artifacts_pv
+from test_render_apply import artifacts_storage
 
 from deploy.cluster.configmaps import FUNCTION_KIND_LABEL, ConfigMapRegistry
 from deploy.cluster.manifests.render import FUNCTION_LABEL
@@ -128,15 +128,7 @@ class Prober(threading.Thread):
 def roles(own_cluster, tmp_path_factory, digits_onnx):
     cluster, tmp = own_cluster, tmp_path_factory.mktemp("faults-roles")
     shoal_namespace(cluster, NS)
-    pv = artifacts_pv(cluster, NS)
-    code, body = cluster.apply(f"/api/v1/persistentvolumes/{pv['metadata']['name']}", pv)
-    assert code in (200, 201), body
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-           "metadata": {"name": "shoal-artifacts", "namespace": NS},
-           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv["metadata"]["name"],
-                    "resources": {"requests": {"storage": "1Gi"}}}}
-    code, body = cluster.apply(f"/api/v1/namespaces/{NS}/persistentvolumeclaims/shoal-artifacts", pvc)
-    assert code in (200, 201), body
+    pv = artifacts_storage(cluster, NS)
     ctl_token = sa_kubeconfig(cluster, NS, "shoal-controller", tmp / "controller.kubeconfig")
     gw_token = sa_kubeconfig(cluster, NS, "shoal-gateway", tmp / "gateway.kubeconfig")
     api_token = secrets.token_hex(16)

@@ -52,6 +52,21 @@ def artifacts_pv(cluster, ns: str) -> dict:
                      "claimRef": {"namespace": ns, "name": "shoal-artifacts"}}}
 
 
+
+def artifacts_storage(cluster, ns: str) -> dict:
+    """The artifacts PV (the node agent's local directory) and the `shoal-artifacts` claim bound
+    to it, applied; the PV."""
+    pv = artifacts_pv(cluster, ns)
+    code, body = cluster.apply(f"/api/v1/persistentvolumes/{pv['metadata']['name']}", pv)
+    assert code in (200, 201), body
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "shoal-artifacts", "namespace": ns},
+           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv["metadata"]["name"],
+                    "resources": {"requests": {"storage": "1Gi"}}}}
+    code, body = cluster.apply(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/shoal-artifacts", pvc)
+    assert code in (200, 201), body
+    return pv
+
 def kinds(docs: list[dict]) -> set[str]:
     return {d["kind"] for d in docs}
 
