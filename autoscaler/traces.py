@@ -8,6 +8,7 @@ the `csv` kind reads a file. The kinds, their options and the Azure-like populat
 from __future__ import annotations
 
 import csv as _csv
+import datetime as _dt
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -494,11 +495,19 @@ def _azure(rng, n, T, *, total_rate, min_rate, swing, period_s, timer_share):
 # ---------------------------------------------------------------------- csv replay
 
 
-def _csv_trace(*, seconds: float | None, path: Any) -> Trace:
-    """Replay `timestamp` or `timestamp,function` rows (header optional), rebased to start at 0."""
+def _csv_trace(*, seconds: float | None, path: Any, compress: float = 1.0) -> Trace:
+    """Replay `timestamp` or `timestamp,function` rows, rebased to start at 0 and divided by
+    `compress` (4: the same arrivals in a quarter of the time). A header is optional; one
+    that names a `timestamp` column (any case) may have more columns, the rest ignored, and
+    a `function` column names each row's function: the Azure LLM inference traces
+    (`TIMESTAMP,ContextTokens,GeneratedTokens`) read as they are. A timestamp is seconds or
+    an ISO 8601 date and time (`2023-11-16 18:17:03.9799600`)."""
+    compress = _number("compress", compress, lo=0.0, lo_open=True)
     stamps: list[float] = []
     names: list[str] = []
     width = None
+    columns: tuple[int, int | None] = (0, None)  # where the timestamp and the function are
+    named = False  # a header named the timestamp column: more columns are allowed
     try:
         handle = open(path, newline="")
     except OSError as exc:
@@ -511,26 +520,30 @@ def _csv_trace(*, seconds: float | None, path: Any) -> Trace:
                 fields = [f.strip() for f in row]
                 if not fields or fields == [""]:
                     continue
-                if len(fields) > 2:
+                if width is None and not stamps and _timestamp(fields[0]) is None:
+                    width, columns = len(fields), _header_columns(fields, path, lineno)  # a header
+                    named = "timestamp" in (f.lower() for f in fields)
+                    continue
+                if len(fields) > 2 and not named:
                     raise ValueError(f"{path}, line {lineno}: {len(fields)} columns; allowed: "
-                                     f"'timestamp' or 'timestamp,function'")
+                                     f"'timestamp' or 'timestamp,function', or a header naming a 'timestamp' column")
                 if width is not None and len(fields) != width:
                     raise ValueError(f"{path}, line {lineno}: {len(fields)} column(s) after rows of {width}")
-                try:
-                    t = float(fields[0])
-                except ValueError:
-                    if width is None and not stamps:
-                        width = len(fields)  # a header
-                        continue
-                    raise ValueError(f"{path}, line {lineno}: timestamp {fields[0]!r} is not a number") from None
+                t = _timestamp(fields[columns[0]])
+                if t is None:
+                    raise ValueError(f"{path}, line {lineno}: timestamp {fields[columns[0]]!r} is not a number "
+                                     f"or an ISO 8601 date and time")
                 if not math.isfinite(t):
-                    raise ValueError(f"{path}, line {lineno}: timestamp {fields[0]!r} is not finite")
-                if len(fields) == 2 and not fields[1]:
+                    raise ValueError(f"{path}, line {lineno}: timestamp {fields[columns[0]]!r} is not finite")
+                if width is None:
+                    width = len(fields)
+                    columns = (0, 1 if width == 2 else None)
+                name_at = columns[1]
+                if name_at is not None and not fields[name_at]:
                     raise ValueError(f"{path}, line {lineno}: empty function name")
-                width = len(fields)
                 stamps.append(t)
-                if width == 2:
-                    names.append(fields[1])
+                if name_at is not None:
+                    names.append(fields[name_at])
         except _csv.Error as exc:
             raise ValueError(f"{path}, line {reader.line_num}: {exc}") from exc
         except UnicodeDecodeError as exc:
@@ -539,6 +552,7 @@ def _csv_trace(*, seconds: float | None, path: Any) -> Trace:
         raise ValueError(f"{path}: no timestamps")
     times = np.asarray(stamps, np.float64)
     times -= times.min()
+    times /= compress
     if names:
         functions, fids = np.unique(np.asarray(names, dtype=object), return_inverse=True)
         # functions in order of first appearance in the file
@@ -562,7 +576,41 @@ def _csv_trace(*, seconds: float | None, path: Any) -> Trace:
     order = np.argsort(times, kind="stable")
     counts = np.bincount(fids, minlength=len(functions))
     params = {"path": str(path), "seconds": seconds}
+    if compress != 1.0:
+        params["compress"] = compress
     return Trace("csv", duration, functions, times[order], fids[order], params, counts / duration)
+
+
+def _timestamp(text: str) -> float | None:
+    """Seconds, or an ISO 8601 date and time as seconds since the epoch (UTC when it names no
+    zone; more than 6 digits of a second are cut to microseconds); None for neither."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    head, dot, fraction = text.partition(".")
+    if dot:
+        digits = len(fraction) - len(fraction.lstrip("0123456789"))
+        text = f"{head}.{fraction[:min(digits, 6)]}{fraction[digits:]}" if digits else head + fraction
+    try:
+        stamp = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=_dt.timezone.utc)
+    return stamp.timestamp()
+
+
+def _header_columns(fields: list[str], path: Any, lineno: int) -> tuple[int, int | None]:
+    """(timestamp column, function column or None) of a header row: the columns named
+    `timestamp` and `function` in any case; without such names, a header of one or two
+    columns is positional (as before); a wider one must name its timestamp column."""
+    lower = [f.lower() for f in fields]
+    if "timestamp" in lower:
+        return lower.index("timestamp"), lower.index("function") if "function" in lower else None
+    if len(fields) <= 2:
+        return 0, 1 if len(fields) == 2 else None
+    raise ValueError(f"{path}, line {lineno}: a header of {len(fields)} columns must name a 'timestamp' column")
 
 
 # ---------------------------------------------------------------------- registry
@@ -575,7 +623,7 @@ _GENERATORS: dict[str, tuple[dict[str, Any], Callable[..., Any]]] = {
     "diurnal": ({"rate": DEFAULT_RATE, "swing": 2.0, "period_s": None, "phase": 0.0}, _diurnal),
     "mmpp": ({"rate": DEFAULT_RATE, "mmpp_x": 5.0, "low_s": 60.0, "high_s": 15.0}, _mmpp),
     "azure": ({"total_rate": None, "min_rate": 1e-6, "swing": 2.0, "period_s": 86400.0, "timer_share": 0.3}, _azure),
-    "csv": ({"path": _REQUIRED}, None),
+    "csv": ({"path": _REQUIRED, "compress": 1.0}, None),
 }
 
 TRACE_KINDS: tuple[str, ...] = tuple(_GENERATORS)

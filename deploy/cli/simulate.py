@@ -28,7 +28,8 @@ TRACE_OPTIONS = {
     "low_s": ("mmpp: mean time in the low state", float),
     "high_s": ("mmpp: mean time in the high state", float),
     "total_rate": ("azure: total mean requests per second", float),
-    "path": ("csv: file of timestamps, or timestamp,function", str),
+    "path": ("csv: file of timestamps, or timestamp,function (or a header naming a timestamp column)", str),
+    "compress": ("csv: divide the file's times by this (4: four times the rate)", float),
 }
 
 
@@ -49,6 +50,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-s", type=float, default=60.0,
                    help="simulated but not counted: functions start at zero (default 60 s)")
     p.add_argument("--json", type=Path, help="write the comparison here")
+    p.add_argument("--profile", type=Path,
+                   help="a `kind: profile` YAML (e.g. functions/examples/emulated_code.yaml) every function "
+                        "gets, instead of the built-in mix")
+    p.add_argument("--slo-ms", type=float, default=200.0, help="with --profile: the SLO (default 200 ms)")
+    p.add_argument("--slice", type=float, default=0.25, help="with --profile: the slice of a GPU (default 1/4)")
+    p.add_argument("--cold-start-s", type=float,
+                   help="with --profile: the cold start (default: the profile's load_s + 0.5 s to spawn)")
     for name, (help_, kind) in TRACE_OPTIONS.items():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=help_)
     return p
@@ -65,7 +73,8 @@ def main(argv: list[str]) -> int:
         config = SimConfig(gpus=args.gpus, gpu_memory_mib=int(args.gpu_memory_gib * 1024), tick_s=args.tick_s,
                            warmup_s=args.warmup_s)
         trace = make_trace(args.trace, functions=args.functions, seconds=args.seconds, seed=args.seed, **options)
-        result = simulate(trace, policies, config, seed=args.seed)
+        profiles = None if args.profile is None else [profile_from(args)] * len(trace.functions)
+        result = simulate(trace, policies, config, seed=args.seed, profiles=profiles)
     except (ValueError, OSError) as exc:
         print(f"shoal simulate: {exc}", file=sys.stderr)
         return 2
@@ -74,6 +83,30 @@ def main(argv: list[str]) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+SPAWN_S = 0.5  # a replica's process start before its model loads, on top of load_s
+
+
+def profile_from(args: argparse.Namespace):
+    """The simulator's Profile from a `kind: profile` YAML, read by the emulated model's own
+    parser (serving/models/profile.py), with the SLO, slice and cold start given."""
+    import yaml
+
+    from autoscaler.simulator import Profile
+    from serving.models.base import LoadError
+    from serving.models.profile import parse_profile
+
+    try:
+        doc = yaml.safe_load(args.profile.read_text(encoding="utf-8"))
+        parsed = parse_profile(doc, str(args.profile))
+    except (yaml.YAMLError, LoadError) as exc:
+        raise ValueError(str(exc)) from None
+    cold = parsed["load_s"] + SPAWN_S if args.cold_start_s is None else args.cold_start_s
+    if cold < 0 or args.slo_ms <= 0:
+        raise ValueError(f"--cold-start-s ({cold}) must be >= 0 and --slo-ms ({args.slo_ms}) > 0")
+    return Profile(args.profile.stem, tuple(parsed["points"]), args.slice, args.slice, cold_start_s=cold,
+                   slo_ms=args.slo_ms)
 
 
 def render(result: dict) -> str:

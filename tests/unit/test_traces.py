@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -423,3 +424,53 @@ OPTION_ERRORS = [
 def test_option_errors(kind, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_trace(kind, **kwargs)
+
+
+def test_csv_reads_the_azure_llm_trace_format(tmp_path):
+    """The shared real trace's own format: a named TIMESTAMP column among others, ISO dates
+    with 7 digits of a second (cut to 6), the token columns ignored."""
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:17:03.9799600,4808,10\n"
+                    "2023-11-16 18:17:04.0319600,3180,8\n"
+                    "2023-11-16 18:17:06.9799600,100,1\n")
+    trace = make_trace("csv", path=str(path))
+    assert trace.functions == ("f0000",)
+    np.testing.assert_allclose(trace.times, [0.0, 0.052, 3.0], atol=1e-6)  # epoch floats: to a microsecond
+    quick = make_trace("csv", path=str(path), compress=4.0)
+    np.testing.assert_allclose(quick.times, [0.0, 0.013, 0.75], atol=1e-6)
+    assert quick.params["compress"] == 4.0
+
+
+def test_csv_named_columns_pick_the_function(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("size,Function,timestamp\n7,b,2.0\n9,a,1.0\n")
+    trace = make_trace("csv", path=str(path))
+    assert trace.functions == ("b", "a") and trace.times.tolist() == [0.0, 1.0] and trace.fids.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a,b,c\n1,2,3\n", "must name a 'timestamp' column"),
+    ("timestamp,x\n2023-13-45 00:00:00,1\n", "not a number or an ISO 8601"),
+])
+def test_csv_header_errors(tmp_path, text, message):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        make_trace("csv", path=str(path))
+
+
+def test_csv_compress_must_be_positive(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("1\n2\n")
+    with pytest.raises(ValueError, match="compress"):
+        make_trace("csv", path=str(path), compress=0)
+
+
+def test_the_shared_real_trace_reads():
+    path = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
+    if not path.exists():
+        pytest.skip(f"{path} not beside the checkout")
+    trace = make_trace("csv", path=str(path))
+    assert len(trace) == 8819 and 3000 < trace.duration_s < 3700
+    assert make_trace("csv", path=str(path), compress=10.0).duration_s == pytest.approx(trace.duration_s / 10)
