@@ -221,6 +221,11 @@ class Gateway:
             if not waiter.done():
                 waiter.set_exception(Unavailable(message))
 
+    def metadata(self, function: str) -> bytes | None:
+        """The model metadata a replica of the function's revision answered through here, if any."""
+        route = self.routes.get(function)
+        return route.metadata.get(f"/v2/models/{function}") if route else None
+
     def latencies(self) -> dict[str, tuple[tuple[float, float], ...]]:
         """Each function's latency from arrival here, cumulative (GatewayMetrics.latencies)."""
         return self.metrics.latencies()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -47,9 +48,10 @@ from functions.registry import FunctionRecord, Registry
 from functions.spec import LIMITS, FunctionSpec
 from serving import __version__
 from serving.gateway import Gateway, GatewayConfig
+from serving.models import LoadError, detect_loader
 from serving.asgi import send_error, send_response
 from serving.protocol.codec import dumps
-from serving.protocol.errors import InferenceError, RouteNotFound
+from serving.protocol.errors import InferenceError, NotFound, RouteNotFound
 
 log = logging.getLogger("shoal.up")
 
@@ -205,6 +207,26 @@ class ControlPlane:
         self.loop.poke(name)
 
     # ------------------------------------------------------------------ views
+
+    def model_metadata(self, record: FunctionRecord) -> dict[str, Any]:
+        """The function's V2 model metadata off the data path, so that reading it never cold-starts
+        a function at zero (a load test reads it before its load): what a replica of this revision
+        answered through the gateway, or what its emulated profile declares."""
+        name = record.spec.name
+        cached = self.gateway.metadata(name)
+        if cached is not None:
+            return json.loads(cached)
+        path = str(self.store.path(record.spec.artifact))
+        try:
+            loader = record.spec.loader or detect_loader(path)
+        except LoadError:
+            loader = None
+        if loader == "profile":
+            from serving.models.profile import declared_metadata  # numpy and yaml: only when asked
+
+            return declared_metadata(path, name)
+        raise NotFound(f"the model metadata of {name!r} (a {loader or 'model'}) is known only once a replica of "
+                       f"revision {record.revision} has answered GET /v2/models/{name}")
 
     def function_view(self, record: FunctionRecord) -> dict[str, Any]:
         return {**record.to_json(), "endpoints": {
