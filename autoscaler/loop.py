@@ -92,7 +92,9 @@ class Policy(Protocol):
     """What decides a function's replica count from its snapshot: pure, `now` an argument, the
     state returned rather than changed: Shoal's or a baseline's (autoscaler.policies)."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """What events and metrics call it: shoal, kpa, ray."""
 
     def initial(self, spec: ScalingSpec, ready: int, now: float) -> Any:
         """The state of a function at the loop's first look at it (`ready` replicas ready)."""
