@@ -1,9 +1,10 @@
 """The one control loop: a tick reads the functions (FunctionSource), what a scaler runs for them
-(Scaler.observe), one metrics reading each (MetricsSource), asks `decide()`, and hands the counts
-to the scaler (Scaler.apply). `shoal up` (autoscaler.replicas.ReplicaScaler, per-replica scrapes)
+(Scaler.observe), one metrics reading each (MetricsSource), asks its Policy (Shoal's `decide()` by
+default, or a baseline: autoscaler.policies), and hands the counts to the scaler (Scaler.apply). `shoal up` (autoscaler.replicas.ReplicaScaler, per-replica scrapes)
 and the cluster controller (the Kubernetes scaler, PromQL by function) run this same tick. What a
 tick learns for the next (policy state, batch latencies, cold starts) and the controller metrics
-(`shoal_scale_decisions_total`, `shoal_function_replicas`) live here, once. The interfaces are
+(`shoal_scale_decisions_total`, `shoal_scale_from_zero_total`, `shoal_function_replicas`, which
+policy runs) live here, once. The interfaces are
 declared here, by their caller; imports neither deploy nor serving.
 """
 
@@ -12,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Collection, NamedTuple, Protocol
+from typing import Any, Callable, Collection, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.coldstarts import ColdStarts, forget_others
 from autoscaler.metrics import MetricsSnapshot, learn_batch_latency
-from autoscaler.policy import PolicyState, ScaleDecision, decide
-from functions.spec import FunctionSpec
+from autoscaler.policies import Shoal
+from autoscaler.policy import ScaleDecision
+from functions.spec import FunctionSpec, ScalingSpec
 
 log = logging.getLogger("shoal.loop")
 
@@ -86,6 +88,21 @@ class Scaler(Protocol):
         count this changed, each with the count it had."""
 
 
+class Policy(Protocol):
+    """What decides a function's replica count from its snapshot: pure, `now` an argument, the
+    state returned rather than changed: Shoal's or a baseline's (autoscaler.policies)."""
+
+    @property
+    def name(self) -> str:
+        """What events and metrics call it: shoal, kpa, ray."""
+
+    def initial(self, spec: ScalingSpec, ready: int, now: float) -> Any:
+        """The state of a function at the loop's first look at it (`ready` replicas ready)."""
+
+    def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: Any,
+               now: float) -> tuple[ScaleDecision, Any]: ...
+
+
 # ---------------------------------------------------------------------- what a tick learns
 
 
@@ -93,7 +110,7 @@ class Scaler(Protocol):
 class Memory:
     """What the loop learns across ticks, per function."""
 
-    policy: dict[str, PolicyState] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)  # the policy's state, per function
     batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
     cold: ColdStarts = field(default_factory=ColdStarts)
 
@@ -119,10 +136,16 @@ class Memory:
 
 
 class LoopMetrics:
-    def __init__(self, registry: CollectorRegistry):
+    def __init__(self, registry: CollectorRegistry, policy: str):
         self.replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"], registry=registry)
         self.decisions = Counter("shoal_scale_decisions", "Scale decisions that changed the replica count",
                                  ["function", "reason"], registry=registry)
+        # one meaning of "cold start" for the controller, the load-test report and the simulator's
+        # comparison: a function raised from zero replicas (replica starts are the scaler's events)
+        self.from_zero = Counter("shoal_scale_from_zero", "Cold starts: a function raised from zero replicas",
+                                 ["function"], registry=registry)
+        Gauge("shoal_controller_policy", "The scaling policy this controller runs (1)", ["policy"],
+              registry=registry).labels(policy).set(1)
 
 
 @dataclass
@@ -137,9 +160,10 @@ class TickResult:
 
 class Loop:
     def __init__(self, functions: FunctionSource, metrics: MetricsSource, scaler: Scaler, events: EventSink,
-                 registry: CollectorRegistry):
+                 registry: CollectorRegistry, policy: Policy = Shoal()):
         self.functions, self.metrics, self.scaler, self.events = functions, metrics, scaler, events
-        self.exported = LoopMetrics(registry)
+        self.policy = policy
+        self.exported = LoopMetrics(registry, policy.name)
         self.memory = Memory()
         self.snapshots: dict[str, MetricsSnapshot] = {}
         self.decisions: dict[str, ScaleDecision] = {}
@@ -171,8 +195,10 @@ class Loop:
             return Target(spec, revision, fleet.replicas if fleet else spec.scaling.min_replicas)
         fleet = fleet or Fleet()
         snapshot = self._complete(name, spec, fleet, reading)
-        decision, self.memory.policy[name] = decide(snapshot, spec.scaling, self.memory.policy.get(name, PolicyState()),
-                                                    now)
+        state = self.memory.policy.get(name)
+        if state is None:
+            state = self.policy.initial(spec.scaling, fleet.ready, now)
+        decision, self.memory.policy[name] = self.policy.decide(snapshot, spec.scaling, state, now)
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
@@ -194,8 +220,11 @@ class Loop:
             if decision is None:
                 continue
             self.exported.decisions.labels(name, decision.reason).inc()
+            if before == 0 and decision.desired > 0:
+                self.exported.from_zero.labels(name).inc()
             self.events("scale", f"{before} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
-                        function=name, data={"from": before, "to": decision.desired, "reason": decision.reason})
+                        function=name, data={"from": before, "to": decision.desired, "reason": decision.reason,
+                                             "policy": self.policy.name})
 
     def _export(self, names: set[str], fleets: dict[str, Fleet]) -> None:
         for name in names:

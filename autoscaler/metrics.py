@@ -2,7 +2,7 @@
 
 A `ReplicaStat` is one scrape of a replica's /metrics, parsed with
 prometheus_client's own parser. Rates (duty cycle, requests per second) and
-windowed latency quantiles come from the difference of two scrapes, so nothing
+windowed latency quantiles come from the difference of two readings, so nothing
 here reads a clock: `at` is passed in. `serving` may import this module.
 """
 
@@ -102,11 +102,14 @@ def cumulative_histogram(buckets) -> tuple[tuple[float, float], ...]:
     return tuple(out) if out and math.isinf(out[-1][0]) else ()
 
 
-def bucket_delta(prev: ReplicaStat | None, cur: ReplicaStat) -> tuple[tuple[float, float], ...]:
-    """The histogram of requests answered between two scrapes."""
-    if prev is None or len(prev.latency_buckets) != len(cur.latency_buckets):
-        return cur.latency_buckets
-    return tuple((le, max(0.0, c - p)) for (le, c), (_, p) in zip(cur.latency_buckets, prev.latency_buckets))
+def histogram_delta(prev: tuple[tuple[float, float], ...] | None,
+                    cur: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The observations a cumulative histogram gained from `prev` to `cur` (all of `cur` without a
+    `prev`, or where the bounds differ). E.g. ((0.1, 90), (inf, 100)) -> ((0.1, 93), (inf, 104)):
+    ((0.1, 3), (inf, 4))."""
+    if prev is None or len(prev) != len(cur):
+        return cur
+    return tuple((le, max(0.0, c - p)) for (le, c), (_, p) in zip(cur, prev))
 
 
 def quantile(buckets: tuple[tuple[float, float], ...] | list, q: float) -> float | None:
@@ -181,15 +184,6 @@ def learn_batch_latency(table: tuple[tuple[float, float], ...], size: float, sec
     if not merged:
         out.append((size, seconds))
     return tuple(sorted(out))
-
-
-def merge_buckets(histograms: list[tuple[tuple[float, float], ...]]) -> tuple[tuple[float, float], ...]:
-    """Sum histograms that share bucket bounds (replicas of one function)."""
-    histograms = [h for h in histograms if h]
-    if not histograms:
-        return ()
-    bounds = [le for le, _ in histograms[0]]
-    return tuple((le, sum(h[i][1] for h in histograms if len(h) == len(bounds))) for i, le in enumerate(bounds))
 
 
 class MetricsSnapshot(NamedTuple):

@@ -166,6 +166,10 @@ def create_api(plane) -> FastAPI:
     async def get_function(name: str) -> dict[str, Any]:
         return plane.function_view(_get(plane, name))
 
+    @app.get("/api/v1/functions/{name}/metadata")
+    async def metadata(name: str) -> dict[str, Any]:
+        return plane.model_metadata(_get(plane, name))
+
     @app.delete("/api/v1/functions/{name}")
     async def delete_function(name: str) -> dict[str, Any]:
         _get(plane, name)

@@ -94,7 +94,8 @@ def read_locust_json(path: Path | str) -> dict[str, int]:
             "failures": sum(int(e["num_failures"]) for e in entries)}
 
 
-COUNTERS = ("shoal_gateway_requests_total", "shoal_cold_start_seconds_count")
+# shoal_scale_from_zero_total: the control plane's cold starts (a function raised from zero replicas)
+COUNTERS = ("shoal_gateway_requests_total", "shoal_cold_start_seconds_count", "shoal_scale_from_zero_total")
 
 
 def counter_totals(text: str, names: tuple[str, ...] = COUNTERS) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -214,7 +215,8 @@ def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, A
 
 
 def cold_starts(req: Requests, events: list[dict[str, Any]], t0: float) -> dict[str, Any]:
-    """Replica starts during the run with their phases, and what the requests that waited for one saw."""
+    """Replica starts during the run with their phases, and what the requests that waited for one saw
+    (the cold starts, a function raised from zero, are the control plane's counter: summarize's `count`)."""
     starts = []
     for e in events:
         if e["kind"] == "replica_ready" and e.get("data"):

@@ -320,6 +320,8 @@ def _headline(s: dict[str, Any]) -> str:
     vs_text = "-" if vs is None else f"{vs:.2f}×"
     worst = s["cold_starts"]["worst_wait_ms"]
     starts = len(s["cold_starts"]["replica_starts"])
+    count = s["cold_starts"].get("count")
+    cold = "" if count is None else f"{count} cold start(s) from zero; "
     return (
         "<div class='headline'>"
         f"<div class='card'><div class='what'>SLO attainment</div><div class='big {cls}'>{att_text}</div>"
@@ -331,7 +333,8 @@ def _headline(s: dict[str, Any]) -> str:
         " replica-slice-seconds</div></div>"
         f"<div class='card'><div class='what'>Worst cold start</div><div class='big'>"
         f"{'none' if worst is None else _f(worst) + ' ms'}</div>"
-        f"<div class='note'>{starts} replica start(s); {s['cold_starts']['requests_held']} request(s) held</div></div>"
+        f"<div class='note'>{cold}{starts} replica start(s); {s['cold_starts']['requests_held']} request(s) held"
+        "</div></div>"
         "</div>")
 
 
@@ -348,6 +351,8 @@ def _comparison(s: dict[str, Any], o: dict[str, Any], charts: dict[str, Path]) -
         row("p99 (ms)", s["latency_ms"]["p99"], o["latency_ms"]["p99"]),
         row("replica-slice-seconds", s["cost"]["replica_slice_seconds"], o["cost"]["replica_slice_seconds"]),
         row("peak replicas", s["replicas"]["peak"], o["replicas"]["peak"]),
+        row("cold starts (from zero)", s["cold_starts"].get("count"), o["cold_starts"].get("count")),
+        row("replica starts", len(s["cold_starts"]["replica_starts"]), len(o["cold_starts"]["replica_starts"])),
         row("worst cold start (ms)", s["cold_starts"]["worst_wait_ms"], o["cold_starts"]["worst_wait_ms"]),
     ]
     return ("<h2>Side by side</h2>"
@@ -368,9 +373,9 @@ def _cold(s: dict[str, Any]) -> str:
     if not c["replica_starts"] and not c["requests_held"]:
         return "<p>No replica started during the run and no request waited for one.</p>"
     phases = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in c["phases_max_s"].items())
-    head = (f"<p>{len(c['replica_starts'])} replica start(s) during the run"
-            + (f" ({c['count']} counted as cold starts by the gateway: started while requests waited)"
-               if c.get("count") is not None else "")
+    head = ("<p>" + (f"{c['count']} cold start(s), each a function raised from zero replicas; "
+                     if c.get("count") is not None else "")
+            + f"{len(c['replica_starts'])} replica start(s) during the run"
             + f"; {c['requests_held']} request(s) waited for one; the worst waited {_f(c['worst_wait_ms'])} ms in all."
             + (f" Longest phases seen by a request: {html.escape(phases)}." if phases else "") + "</p>")
     rows = [[f"{x['t']:.1f}", html.escape(str(x["replica"])), _f(x["spawn_s"] * 1000), _f(x["load_s"] * 1000),

@@ -59,7 +59,8 @@ class ControlPlane:
         return self._get(f"/api/v1/functions/{name}")
 
     def metadata(self, name: str) -> dict[str, Any]:
-        return self._get(f"/v2/models/{name}")
+        """Model metadata from the control API, off the data path: never a cold start."""
+        return self._get(f"/api/v1/functions/{name}/metadata")
 
     def status(self) -> dict[str, Any]:
         return self._get("/api/v1/status")
@@ -242,7 +243,7 @@ def run_one(args: argparse.Namespace, out: Path, target: Target) -> tuple[dict[s
     out.mkdir(parents=True, exist_ok=True)
     plane = target.plane
     specs = {f: plane.function(f) for f in schedule.functions} if plane else {}
-    inputs = target.inputs or {f: _metadata(target.url, f, plane) for f in schedule.functions}
+    inputs = target.inputs or {f: _metadata(target.url, f, plane, args.from_zero) for f in schedule.functions}
     (out / "inputs.json").write_text(json.dumps(inputs, indent=1))
     if args.from_zero and plane is not None:
         _wait_for_zero(plane, schedule.functions, specs, args.quiet)
@@ -329,10 +330,21 @@ def _first_body(metadata: dict[str, Any], args: argparse.Namespace):
     return body_for(metadata, encoding=args.encoding, batch=args.batch, seed=args.seed)
 
 
-def _metadata(url: str, function: str, plane: ControlPlane | None) -> dict[str, Any]:
+def _metadata(url: str, function: str, plane: ControlPlane | None, from_zero: bool = False) -> dict[str, Any]:
+    """A function's model metadata, to build requests from. From Shoal's control API, which
+    starts nothing; where it cannot tell yet (no replica of the revision has answered, not an
+    emulated profile), through the gateway, which may start a replica: refused with --from-zero,
+    which must find the function at zero, untouched, when the load begins."""
     if plane is not None:
-        return plane.metadata(function)
-    r = httpx.get(f"{url}/v2/models/{function}", timeout=60)
+        try:
+            return plane.metadata(function)
+        except LoadTestError as exc:
+            if from_zero:
+                raise LoadTestError(f"--from-zero: {exc}; asking a replica would start {function} before the "
+                                    "load: give --inputs (an earlier run's OUT/inputs.json)") from None
+    # with the plane's token: inference may need it (--auth-inference)
+    r = plane.http.get(f"/v2/models/{function}") if plane is not None else httpx.get(f"{url}/v2/models/{function}",
+                                                                                      timeout=60)
     if r.status_code != 200:
         raise LoadTestError(f"GET {url}/v2/models/{function}: {r.status_code}; a target that serves no V2 "
                             "metadata cannot be load-tested without it")
@@ -475,7 +487,7 @@ def _counters(before: str, after: str, functions: tuple[str, ...]) -> dict[str, 
         by_code = analysis.counter_delta(b, a, "shoal_gateway_requests_total", function=f)
         requests += sum(by_code.values())
         non_200 += sum(v for k, v in by_code.items() if k != "code=200")
-        cold += sum(analysis.counter_delta(b, a, "shoal_cold_start_seconds_count", function=f, phase="spawn").values())
+        cold += sum(analysis.counter_delta(b, a, "shoal_scale_from_zero_total", function=f).values())
     return {"gateway": {"requests": int(round(requests)), "non_200": int(round(non_200))},
             "cold_starts": int(round(cold))}
 
@@ -488,8 +500,12 @@ def _print_headline(s: dict[str, Any]) -> None:
     if c["static_peak"]["replica_slice_seconds"]:
         print(f"cost {c['replica_slice_seconds']:.1f} replica-slice-seconds = {c['vs_static']:.2f}x a static peak "
               f"allocation ({c['static_peak']['replica_slice_seconds']:.1f})")
-    if s["cold_starts"]["worst_wait_ms"] is not None:
-        print(f"worst cold start seen by a request: {_ms(s['cold_starts']['worst_wait_ms'])}")
+    c = s["cold_starts"]
+    if c.get("count") is not None:
+        print(f"{c['count']} cold start(s) (a function raised from zero replicas), "
+              f"{len(c['replica_starts'])} replica start(s)")
+    if c["worst_wait_ms"] is not None:
+        print(f"worst cold start seen by a request: {_ms(c['worst_wait_ms'])}")
 
 
 def _ms(v: float | None) -> str:

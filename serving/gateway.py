@@ -1,8 +1,9 @@
 """The gateway: the front door for every function, and the activator that holds requests while
 a function scales from zero. It routes to ready replicas (least outstanding requests), holds
 requests in a bounded queue per function while none is ready (503 when full, 504 past the hold
-timeout, never a silent drop), measures cold starts by phase, retries a request a dead replica
-never answered, and caps each function's share of the gateway. It knows nothing of the
+timeout, never a silent drop), measures cold starts by phase and each function's latency from
+arrival (held time included: what the controller's p95 and error budget read), retries a request
+a dead replica never answered, and caps each function's share of the gateway. It knows nothing of the
 controller: it is driven through `add_endpoint` / `drain_endpoint` / `remove_endpoint` and asks
 for capacity through its `poke` callback. How each of these behaves: docs/design/gateway.md.
 """
@@ -19,6 +20,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from autoscaler.metrics import cumulative_histogram
 from functions.spec import LIMITS
 from serving.asgi import read_body, send_error, send_response
 from serving.metrics import LATENCY_BUCKETS_S
@@ -88,7 +90,11 @@ class GatewayMetrics:
         r = registry
         self.requests = Counter("shoal_gateway_requests", "Requests answered by the gateway",
                                 ["function", "code"], registry=r)
-        self.duration = Histogram("shoal_gateway_request_duration_seconds", "Time through the gateway",
+        # latency as the user sees it: from arrival at the gateway to the answer, time held through a
+        # cold start included; inference requests only (a metadata GET answered from the cache would
+        # dilute it). The SLO alerts and the controller's p95 and error budget read it
+        self.duration = Histogram("shoal_gateway_request_duration_seconds",
+                                  "Inference requests, from arrival at the gateway to the answer (held time included)",
                                   ["function"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.queue = Gauge("shoal_activator_queue_depth", "Requests held waiting for a replica",
                            ["function"], registry=r)
@@ -98,14 +104,26 @@ class GatewayMetrics:
                                ["function"], registry=r)
         self._children: dict[tuple[str, int], tuple] = {}
 
-    def count(self, function: str, status: int, seconds: float) -> None:
-        """One answered request (label lookups cached: this runs on every request)."""
+    def count(self, function: str, status: int, seconds: float, inference: bool = True) -> None:
+        """One answered request (label lookups cached: this runs on every request); its time goes
+        into the latency histogram when it was an inference request."""
         children = self._children.get((function, status))
         if children is None:
             children = self._children[(function, status)] = (
                 self.requests.labels(function, str(status)), self.duration.labels(function))
         children[0].inc()
-        children[1].observe(seconds)
+        if inference:
+            children[1].observe(seconds)
+
+    def latencies(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        """Each function's cumulative latency histogram so far, ((le, requests), ..., (inf, all)),
+        as metrics.quantile and fraction_over read it: shoal up's controller reads it in process."""
+        pairs: dict[str, list[tuple[float, float]]] = {}
+        for family in self.duration.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    pairs.setdefault(sample.labels["function"], []).append((float(sample.labels["le"]), sample.value))
+        return {function: cumulative_histogram(p) for function, p in pairs.items()}
 
 
 class Gateway:
@@ -203,6 +221,15 @@ class Gateway:
             if not waiter.done():
                 waiter.set_exception(Unavailable(message))
 
+    def metadata(self, function: str) -> bytes | None:
+        """The model metadata a replica of the function's revision answered through here, if any."""
+        route = self.routes.get(function)
+        return route.metadata.get(f"/v2/models/{function}") if route else None
+
+    def latencies(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        """Each function's latency from arrival here, cumulative (GatewayMetrics.latencies)."""
+        return self.metrics.latencies()
+
     def held(self, function: str) -> int:
         route = self.routes.get(function)
         return len(route.waiters) if route else 0
@@ -242,7 +269,7 @@ class Gateway:
             status = await send_error(send, exc)
         else:
             await send_response(send, status, body, None, out_headers)  # the replica's own Content-Type
-        self.metrics.count(label, status, self._clock() - start)
+        self.metrics.count(label, status, self._clock() - start, inference=scope["method"] == "POST")
 
     async def _dispatch(self, scope, receive, function, headers, start):
         method = scope["method"]

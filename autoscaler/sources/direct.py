@@ -2,7 +2,8 @@
 
 Every ready replica is scraped (`HttpScraper`, or `PrometheusSource` through a Prometheus that
 scrapes them); a function's rates come from the last two scrapes of each replica, its in-flight
-and held counts from the gateway. A replica stuck in its model past its function's timeout, or
+and held counts from the gateway, and its p95 and share over the SLO from the gateway's latency
+histogram (from arrival, held time included: a request held through a cold start is a miss). A replica stuck in its model past its function's timeout, or
 silent past `unresponsive_s`, is failed here (a liveness probe) and not counted. Imports neither
 deploy nor serving; the I/O is httpx only.
 """
@@ -19,10 +20,9 @@ from autoscaler.metrics import (
     ReplicaStat,
     advance_window,
     batch_window,
-    bucket_delta,
     duty_cycle,
     fraction_over,
-    merge_buckets,
+    histogram_delta,
     parse_replica_metrics,
     quantile,
     request_rate,
@@ -32,6 +32,8 @@ from functions.spec import LIMITS, FunctionSpec
 
 log = logging.getLogger("shoal.controller")
 
+Histogram = tuple[tuple[float, float], ...]  # cumulative ((le, requests), ..., (inf, all))
+
 
 class Scraper(Protocol):
     # True when a failed scrape means the replica did not answer (a direct scrape), not
@@ -39,6 +41,12 @@ class Scraper(Protocol):
     probes: bool
 
     async def scrape(self, replica: str, host: str, port: int, at: float) -> ReplicaStat | None: ...
+
+
+class Latencies(Protocol):
+    def latencies(self) -> dict[str, Histogram]:
+        """Each function's cumulative histogram of request latency from arrival at the gateway,
+        held time included (the gateway's shoal_gateway_request_duration_seconds)."""
 
 
 class HttpScraper:
@@ -61,19 +69,25 @@ class HttpScraper:
 
 
 class ReplicaScrapes:
-    """The loop's MetricsSource on shoal up: the replicas are the scaler's, the counts the gateway's."""
+    """The loop's MetricsSource on shoal up: the replicas are the scaler's, the counts and the
+    latencies the gateway's."""
 
-    def __init__(self, scaler: ReplicaScaler, scraper: Scraper):
-        self.scaler, self.scraper = scaler, scraper
+    def __init__(self, scaler: ReplicaScaler, scraper: Scraper, latencies: Latencies):
+        self.scaler, self.scraper, self.latencies = scaler, scraper, latencies
+        self.seen: dict[str, Histogram] = {}  # function -> the gateway's histogram at its last reading
 
     async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
-        readings = await asyncio.gather(*(self.reading(name, now, spec) for name, (spec, _) in wanted.items()))
+        histograms = self.latencies.latencies()  # once a tick, for every function
+        readings = await asyncio.gather(*(self.reading(name, now, spec, histograms)
+                                          for name, (spec, _) in wanted.items()))
         return dict(zip(wanted, readings))
 
     async def snapshot(self, name: str, now: float, spec: FunctionSpec | None = None) -> MetricsSnapshot:
         return (await self.reading(name, now, spec)).snapshot
 
-    async def reading(self, name: str, now: float, spec: FunctionSpec | None = None) -> Reading:
+    async def reading(self, name: str, now: float, spec: FunctionSpec | None = None,
+                      histograms: dict[str, Histogram] | None = None) -> Reading:
+        served = self._served(name, self.latencies.latencies() if histograms is None else histograms)
         mine = self.scaler.live(name)
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
@@ -81,18 +95,24 @@ class ReplicaScrapes:
         w = _Window(live)
         failed = sum(1 for r in ready if r.state == "failed")
         router = self.scaler.router
-        merged = merge_buckets(w.deltas)
         snapshot = MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
             inflight=float(router.outstanding(name)), queued=w.queued, activator_queue=router.held(name),
             # the window's length, only when it is a new window: the same rates read again (Prometheus
             # has not scraped since) are no second measurement of the rate's variance
             duty=tuple(w.duties), rps=w.rps, window_s=w.windows / len(w.duties) if w.duties and w.moved else 0.0,
-            p95_s=quantile(merged, 0.95), service_s=w.busy / w.answered if w.answered else None,
-            over_slo=fraction_over(merged, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
+            p95_s=quantile(served, 0.95), service_s=w.busy / w.answered if w.answered else None,
+            over_slo=fraction_over(served, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
         )
         # in requests, the unit of rps and in-flight
         return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
+
+    def _served(self, name: str, histograms: dict[str, Histogram]) -> Histogram:
+        """The requests the gateway answered for `name` since its last reading, by latency."""
+        now = histograms.get(name, ())
+        window = histogram_delta(self.seen.get(name), now)
+        self.seen[name] = now
+        return window
 
     def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
         """Liveness: a replica whose model has been inside one call past its function's
@@ -128,7 +148,6 @@ class _Window:
 
     def __init__(self, scraped: list[tuple[Replica, ReplicaStat]]):
         self.duties: list[float] = []
-        self.deltas: list[tuple[tuple[float, float], ...]] = []
         self.rps = self.queued = self.busy = self.answered = self.batches = self.windows = 0.0
         self.moved = False  # some replica's window moved on: a scrape newer than the last look's
         for replica, stat in scraped:
@@ -145,4 +164,3 @@ class _Window:
             self.busy += max(0.0, stat.busy_s - prev.busy_s)
             self.answered += max(0.0, stat.completed - prev.completed)
             self.batches += max(0.0, stat.batches - prev.batches)
-        self.deltas.append(bucket_delta(prev, stat))

@@ -160,6 +160,7 @@ class PrometheusSource:
 
 WINDOW_S = 30.0  # what the rates of a snapshot are measured over
 WINDOW = f"{WINDOW_S:g}s"  # the same in PromQL: "30s"
+LATENCY = "shoal_gateway_request_duration_seconds_bucket"  # what the SLO alerts read too
 POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen the queue)
 
 
@@ -170,13 +171,13 @@ def cluster_queries(window: str = WINDOW) -> dict[str, str]:
     return {
         "rps": f"sum {by} (rate(shoal_replica_requests_total[{window}]))",
         "duty": f"sum by (function, pod) (rate(shoal_replica_busy_seconds_total[{window}]))",
-        "p95_s": f"histogram_quantile(0.95, sum by (function, le) "
-                 f"(rate(shoal_replica_request_duration_seconds_bucket[{window}])))",
+        # latency as the user sees it: the gateways' histogram, from arrival, held time included
+        "p95_s": f"histogram_quantile(0.95, sum by (function, le) (rate({LATENCY}[{window}])))",
         "inflight": f"sum {by} (shoal_replica_inflight)",
         "queued": f"sum {by} (shoal_replica_queued)",
         "held": f"sum {by} (shoal_activator_queue_depth)",
         "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
-        "buckets": f"sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[{window}]))",
+        "buckets": f"sum by (function, le) (rate({LATENCY}[{window}]))",
         "batches": f"sum {by} (rate(shoal_replica_batch_size_count[{window}]))",
     }
 

@@ -2,13 +2,16 @@
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
              [--auth-inference] [--metrics-source direct|prometheus --prometheus-url URL]
+             [--policy shoal|kpa|ray]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
 control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the
 controller loop, the local backend (zygote + replica processes) and the SQLite
 registry in STATE_DIR. The controller reads replica metrics from each replica's
 /metrics (direct, the default) or, with `--metrics-source prometheus`, through the
-PromQL API of a Prometheus that scrapes the replicas. The token is made on first
+PromQL API of a Prometheus that scrapes the replicas; p95 and the share over the SLO come from
+the gateway's own histogram (from arrival). `--policy kpa|ray` runs a baseline's policy instead
+of Shoal's (autoscaler.policies), to compare them live. The token is made on first
 start (STATE_DIR/token, mode 0600). After a restart every registered function is
 back, scaled to zero.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -25,15 +29,16 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from autoscaler.loop import EventSink, FunctionSource, Loop
+from autoscaler.loop import EventSink, FunctionSource, Loop, Policy
 from autoscaler.placement import Inventory, parse_devices
+from autoscaler.policies import POLICIES, Shoal, policy_named
 from autoscaler.replicas import ControllerConfig, ReplicaBackend, ReplicaScaler, Router
-from autoscaler.sources.direct import HttpScraper, ReplicaScrapes, Scraper
+from autoscaler.sources.direct import HttpScraper, Latencies, ReplicaScrapes, Scraper
 from autoscaler.sources.promql import PrometheusSource
 from deploy.api import check_token, create_api, write_artifact
 from deploy.local.backend import LocalBackend
@@ -43,9 +48,10 @@ from functions.registry import FunctionRecord, Registry
 from functions.spec import LIMITS, FunctionSpec
 from serving import __version__
 from serving.gateway import Gateway, GatewayConfig
+from serving.models import LoadError, detect_loader
 from serving.asgi import send_error, send_response
 from serving.protocol.codec import dumps
-from serving.protocol.errors import InferenceError, RouteNotFound
+from serving.protocol.errors import InferenceError, NotFound, RouteNotFound
 
 log = logging.getLogger("shoal.up")
 
@@ -97,18 +103,24 @@ class RegistrySource:
         self._cache = None
 
 
-def control_loop(source: FunctionSource, backend: ReplicaBackend, router: Router, inventory: Inventory,
+class LocalGateway(Router, Latencies, Protocol):
+    """What shoal up's loop needs of its gateway: routing, and the latencies it measured."""
+
+
+def control_loop(source: FunctionSource, backend: ReplicaBackend, gateway: LocalGateway, inventory: Inventory,
                  scraper: Scraper, events: EventSink, registry: CollectorRegistry,
-                 config: ControllerConfig = ControllerConfig()) -> Loop:
-    """shoal up's control loop: replicas it starts itself, metrics scraped from each of them."""
-    scaler = ReplicaScaler(backend, router, inventory, events, registry, config)
-    return Loop(source, ReplicaScrapes(scaler, scraper), scaler, events, registry)
+                 config: ControllerConfig = ControllerConfig(), policy: Policy = Shoal()) -> Loop:
+    """shoal up's control loop: replicas it starts itself, metrics scraped from each of them and
+    latencies from the gateway, decided by `policy`."""
+    scaler = ReplicaScaler(backend, gateway, inventory, events, registry, config)
+    return Loop(source, ReplicaScrapes(scaler, scraper, gateway), scaler, events, registry, policy)
 
 
 class ControlPlane:
     def __init__(self, state_dir: Path, devices: str = "auto", auth_inference: bool = False,
                  gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig(),
-                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES, prometheus_url: str | None = None):
+                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES, prometheus_url: str | None = None,
+                 policy: Policy = Shoal()):
         self.state_dir = Path(state_dir)
         if not self.state_dir.exists():
             self.state_dir.mkdir(parents=True)
@@ -129,7 +141,7 @@ class ControlPlane:
         # direct scrapes, or the same numbers through a Prometheus that scrapes the replicas
         self.scraper = PrometheusSource(prometheus_url) if prometheus_url else HttpScraper()
         self.loop = control_loop(self.source, self.backend, self.gateway, Inventory(self.devices), self.scraper,
-                                 self.event, self.metrics, controller_config)
+                                 self.event, self.metrics, controller_config, policy)
         self.scaler: ReplicaScaler = self.loop.scaler
         self.api = create_api(self)
         self._loop_task: asyncio.Task | None = None
@@ -143,8 +155,10 @@ class ControlPlane:
     async def start(self) -> None:
         await self.backend.start()
         functions = self.source.functions()
-        self.event("up", f"control plane up, {len(functions)} function(s) restored scaled to zero",
-                   data={"functions": sorted(functions), "devices": [d.id for d in self.devices]})
+        self.event("up", f"control plane up, {len(functions)} function(s) restored scaled to zero, "
+                         f"policy {self.loop.policy.name}",
+                   data={"functions": sorted(functions), "devices": [d.id for d in self.devices],
+                         "policy": self.loop.policy.name})
         self._loop_task = asyncio.get_running_loop().create_task(
             self.loop.run(self.scaler.config.tick_s, self.scaler.clock))
 
@@ -194,6 +208,26 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ views
 
+    def model_metadata(self, record: FunctionRecord) -> dict[str, Any]:
+        """The function's V2 model metadata off the data path, so that reading it never cold-starts
+        a function at zero (a load test reads it before its load): what a replica of this revision
+        answered through the gateway, or what its emulated profile declares."""
+        name = record.spec.name
+        cached = self.gateway.metadata(name)
+        if cached is not None:
+            return json.loads(cached)
+        path = str(self.store.path(record.spec.artifact))
+        try:
+            loader = record.spec.loader or detect_loader(path)
+        except LoadError:
+            loader = None
+        if loader == "profile":
+            from serving.models.profile import declared_metadata  # numpy and yaml: only when asked
+
+            return declared_metadata(path, name)
+        raise NotFound(f"the model metadata of {name!r} (a {loader or 'model'}) is known only once a replica of "
+                       f"revision {record.revision} has answered GET /v2/models/{name}")
+
     def function_view(self, record: FunctionRecord) -> dict[str, Any]:
         return {**record.to_json(), "endpoints": {
             "v2": f"/v2/models/{record.spec.name}/infer", "v1": f"/v1/models/{record.spec.name}:predict"}}
@@ -205,7 +239,8 @@ class ControlPlane:
             functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
                                "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
                                "cold_starts": _cold_count(self.metrics, name)}
-        return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__}
+        return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
+                "policy": self.loop.policy.name}
 
     def inventory_view(self) -> dict[str, Any]:
         inv = self.scaler.cluster
@@ -261,9 +296,8 @@ class ControlPlane:
 
 
 def _cold_count(registry: CollectorRegistry, function: str) -> int:
-    """Cold starts: replicas started while requests waited (one spawn phase each)."""
-    value = registry.get_sample_value("shoal_cold_start_seconds_count", {"function": function, "phase": "spawn"})
-    return int(value or 0)
+    """Cold starts: the times the function was raised from zero replicas (loop.LoopMetrics)."""
+    return int(registry.get_sample_value("shoal_scale_from_zero_total", {"function": function}) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or PromQL on --prometheus-url")
     p.add_argument("--prometheus-url", default=None,
                    help="Prometheus HTTP API base URL for --metrics-source prometheus, e.g. http://127.0.0.1:9090")
+    p.add_argument("--policy", choices=tuple(POLICIES), default="shoal",
+                   help="the scaling policy: shoal (default), or a baseline to compare it with: kpa (Knative), "
+                        "ray (Ray Serve)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -310,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         plane = ControlPlane(
             Path(args.state_dir), args.devices, args.auth_inference,
             GatewayConfig(hold_timeout_s=args.hold_timeout_s), ControllerConfig(tick_s=args.tick_s),
-            int(args.max_artifact_mib * 2**20), prometheus_url,
+            int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy),
         )
     except ValueError as exc:
         print(f"shoal up: {exc}", file=sys.stderr)

@@ -58,17 +58,30 @@ def parse_profile(doc: Any, where: str) -> dict[str, Any]:
     }
 
 
+def read_profile(path: str) -> dict[str, Any]:
+    """The profile in the YAML file at `path` (parse_profile); LoadError for what is not one."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            doc = yaml.safe_load(f)
+        except yaml.YAMLError as exc:
+            raise LoadError(f"{path} is not valid YAML: {exc}") from None
+    return parse_profile(doc, path)
+
+
+def declared_metadata(path: str, name: str) -> dict[str, Any]:
+    """The V2 model metadata a profile declares, read without loading it (no replica, no load
+    time): its name, platform and tensors; the versions and properties only a replica tells."""
+    profile = read_profile(path)
+    return {"name": name, "platform": ProfileModel.platform, "inputs": [s.to_json() for s in profile["inputs"]],
+            "outputs": [s.to_json() for s in profile["outputs"]]}
+
+
 class ProfileModel(Model):
     platform = "shoal_emulated"
     emulated = True
 
     def load(self) -> None:
-        with open(self.path, encoding="utf-8") as f:
-            try:
-                doc = yaml.safe_load(f)
-            except yaml.YAMLError as exc:
-                raise LoadError(f"{self.path} is not valid YAML: {exc}") from None
-        profile = parse_profile(doc, self.path)
+        profile = read_profile(self.path)
         self.points = profile["points"]
         self.memory_mib = profile["memory_mib"]
         self.inputs, self.outputs = profile["inputs"], profile["outputs"]

@@ -42,12 +42,13 @@ async def fake_replica(delay_s: float = 0.0):
 class Scope:
     """Drive Gateway.handle like uvicorn would, and collect the response."""
 
-    def __init__(self, gateway: Gateway, path: str = "/v2/models/f/infer"):
+    def __init__(self, gateway: Gateway, path: str = "/v2/models/f/infer", method: str = "POST"):
         self.gateway = gateway
         self.path = path
+        self.method = method
 
     async def call(self) -> tuple[int, dict[bytes, bytes], bytes]:
-        scope = {"type": "http", "method": "POST", "path": self.path, "headers": [(b"content-type", b"application/json")],
+        scope = {"type": "http", "method": self.method, "path": self.path, "headers": [(b"content-type", b"application/json")],
                  "query_string": b""}
         sent = [{"type": "http.request", "body": REQUEST, "more_body": False}]
         out = {}

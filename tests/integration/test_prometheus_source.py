@@ -179,14 +179,37 @@ class _IdleRouter:
     def held(self, function: str) -> int:
         return 0
 
+    def __init__(self) -> None:
+        self.histograms: dict = {}  # the plane's gateway latencies, read once for both views
+
+    def latencies(self) -> dict:
+        return self.histograms
+
+
+async def _gateway_latencies(url: str) -> dict:
+    """shoal up's gateway histogram, from its /metrics: the latencies both views read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from autoscaler.metrics import cumulative_histogram
+
+    async with httpx.AsyncClient(timeout=5) as http:
+        text = (await http.get(f"{url}/metrics")).text
+    pairs: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "shoal_gateway_request_duration_seconds_bucket":
+                pairs.setdefault(sample.labels["function"], []).append((float(sample.labels["le"]), sample.value))
+    return {function: cumulative_histogram(p) for function, p in pairs.items()}
+
 
 def _controller(source: _Recorded, replicas: dict[str, int]) -> ReplicaScrapes:
-    scaler = ReplicaScaler(backend=None, router=_IdleRouter(), inventory=Inventory(()), events=lambda *a, **k: None,
+    router = _IdleRouter()
+    scaler = ReplicaScaler(backend=None, router=router, inventory=Inventory(()), events=lambda *a, **k: None,
                            registry=CollectorRegistry())
     for replica_id, port in replicas.items():
         scaler.replicas[replica_id] = Replica(replica_id, "digits", 1, placement=None, state="ready",
                                               handle=SimpleNamespace(host="127.0.0.1", port=port))
-    return ReplicaScrapes(scaler, source)
+    return ReplicaScrapes(scaler, source, router)
 
 
 def _counters(stat: ReplicaStat) -> ReplicaStat:
@@ -206,7 +229,8 @@ def test_controller_decides_the_same_from_promql_as_from_direct_scrapes(tmp_path
             client.deploy(digits_onnx, "digits", min_replicas=2, max_replicas=2, slice="1/4")
             status = wait_for(lambda: _ready(client), 30, "two ready replicas", detail=lambda: client.events("digits"))
             replicas = {r["id"]: r["port"] for r in status["replicas"]}
-            prometheus.scrape([f"127.0.0.1:{port}" for port in replicas.values()])
+            # the replicas, and shoal up's own page: the gateway's latencies, which the cluster's queries read
+            prometheus.scrape([f"127.0.0.1:{port}" for port in replicas.values()] + [plane.url.split("://", 1)[1]])
             asyncio.run(_compare(plane.url, prometheus.url, replicas))
             _cluster_queries_select_the_function(prometheus.url)
             # and its own view of each replica is a rate over two Prometheus scrapes
@@ -266,6 +290,9 @@ async def _compare(url: str, prometheus_url: str, replicas: dict[str, int]) -> N
             from_prom.stats, from_direct.stats = await _read_both(prom, direct, replicas, after=time.time())
             for replica in replicas:
                 assert _counters(from_prom.stats[replica]) == _counters(from_direct.stats[replica]), replica
+            histograms = await _gateway_latencies(url)
+            for c in controllers.values():
+                c.latencies.histograms = histograms
             now = time.monotonic()
             snapshots = {name: await c.snapshot("digits", now) for name, c in controllers.items()}
             decided = {}

@@ -30,7 +30,10 @@ def test_nine_queries_for_every_function_at_once():
     assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy", "buckets", "batches"}
     assert q["rps"] == "sum by (function) (rate(shoal_replica_requests_total[30s]))"
     assert q["duty"] == "sum by (function, pod) (rate(shoal_replica_busy_seconds_total[30s]))"
-    assert q["buckets"] == "sum by (function, le) (rate(shoal_replica_request_duration_seconds_bucket[30s]))"
+    # latency from arrival, held time included: the gateways' histogram, not the replicas'
+    assert q["buckets"] == "sum by (function, le) (rate(shoal_gateway_request_duration_seconds_bucket[30s]))"
+    assert q["p95_s"] == ("histogram_quantile(0.95, sum by (function, le) "
+                          "(rate(shoal_gateway_request_duration_seconds_bucket[30s])))")
     assert q["batches"] == "sum by (function) (rate(shoal_replica_batch_size_count[30s]))"
 
 
@@ -305,7 +308,7 @@ def test_what_is_learned_is_forgotten_with_the_lease_and_with_the_function():
 
 
 def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
-    import autoscaler.loop as loop
+    import autoscaler.policies as policies  # the loop's default policy, Shoal's, calls decide() there
 
     snapshots = []
 
@@ -313,8 +316,8 @@ def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
         snapshots.append(snapshot)
         return loop_decide(snapshot, *args, **kwargs)
 
-    loop_decide = loop.decide
-    monkeypatch.setattr(loop, "decide", recorded)
+    loop_decide = policies.decide
+    monkeypatch.setattr(policies, "decide", recorded)
     kube, clock = FakeKube(), Clock()
     deploy_function(kube)
     load = {"rps": [], "busy": [], "inflight": vector(4.0), "held": vector(0.0), "queued": [], "duty": [],

@@ -55,6 +55,9 @@ class _Router:
     def remove_endpoint(self, function, replica):
         self.removed.append(replica)
 
+    def latencies(self):
+        return {}  # nothing answered at the gateway: liveness is judged by the replica's own page
+
 
 class _Backend:
     def __init__(self):
@@ -73,7 +76,7 @@ def _snapshot_with(stat: ReplicaStat | None, probes: bool, seen_at: float, now: 
     controller = ReplicaScaler(backend=backend, router=router, inventory=Inventory(()),
                                events=lambda *a, **k: events.append(a), registry=CollectorRegistry(),
                                config=ControllerConfig(unresponsive_s=10.0))
-    source = ReplicaScrapes(controller, _Source(probes, stat))
+    source = ReplicaScrapes(controller, _Source(probes, stat), router)
     controller.replicas["f-1"] = Replica("f-1", "f", 1, placement=None, state="ready", spec=spec, seen_at=seen_at,
                                          handle=SimpleNamespace(host="127.0.0.1", port=1))
 

@@ -67,3 +67,14 @@ def test_duty_grid_has_one_column_per_second_of_the_run():
 def test_per_second_steps_end_at_the_end_of_their_last_second(values, xs, ys):
     x, y = report._seconds(values)
     assert x.tolist() == xs and y.tolist() == ys and not any(map(math.isnan, y))
+
+
+def test_cold_starts_are_raises_from_zero_and_replica_starts_are_counted_apart():
+    """One meaning of a cold start live and in the simulator: a function raised from zero replicas
+    (the control plane's shoal_scale_from_zero_total); a scale-out's replica starts are not cold starts."""
+    starts = [{"t": t, "replica": f"f-{i}", "spawn_s": 0.1, "load_s": 2.0, "ready_s": 2.1}
+              for i, t in enumerate((1.0, 1.0, 15.0), start=1)]  # 2 from zero at 1 s, 1 scale-out at 15 s
+    c = {"count": 1, "replica_starts": starts, "requests_held": 4, "worst_wait_ms": 2150.0,
+         "phases_max_s": {}, "phases_mean_s": {}}
+    text = report._cold({"cold_starts": c})
+    assert text.startswith("<p>1 cold start(s), each a function raised from zero replicas; 3 replica start(s)")

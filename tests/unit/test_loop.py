@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.loop import Loop, Memory, Target
+from autoscaler.loop import Loop, Memory, Policy, Target
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Device, Inventory
+from autoscaler.policies import Kpa, RayServe, Shoal, policy_named
 from autoscaler.policy import ScaleDecision
 from autoscaler.replicas import ControllerConfig
 from autoscaler.sources.promql import cluster_queries
@@ -23,7 +24,7 @@ from deploy.cluster.configmaps import ConfigMapFunctions
 from deploy.cluster.controller import ClusterController
 from deploy.cluster.manifests.render import Cluster
 from deploy.cluster.render import artifact_for
-from deploy.local.server import control_loop
+from deploy.local.server import build_parser, control_loop
 from functions.spec import spec_from_dict
 from tests.fakes.kube import FakeKube
 
@@ -85,6 +86,9 @@ class _Gateway:
     def forget(self, function):
         pass
 
+    def latencies(self):
+        return {}
+
 
 class _Scraper:
     probes = True
@@ -99,13 +103,13 @@ class _Scraper:
 class Local:
     """shoal up: the loop `ControlPlane` runs, ticked as `Loop.run` ticks it."""
 
-    def __init__(self) -> None:
-        self.clock, self.gateway, self.events = Clock(), _Gateway(), []
+    def __init__(self, policy: Policy = Shoal()) -> None:
+        self.clock, self.gateway, self.events, self.registry = Clock(), _Gateway(), [], CollectorRegistry()
         cpus = [Device(f"cpu:{i}", "cpu", 16384, cpus=(2 * i, 2 * i + 1)) for i in range(2)]  # 8 slices of 1/4
         self.loop = control_loop(_Functions(), _Backend(), self.gateway, Inventory(tuple(cpus)),
-                                 _Scraper(self.clock, self.gateway), lambda *a, **k: self.events.append(a),
-                                 CollectorRegistry(),
-                                 ControllerConfig())
+                                 _Scraper(self.clock, self.gateway),
+                                 lambda *a, **k: self.events.append((*a, k)), self.registry,
+                                 ControllerConfig(), policy)
         self.loop.scaler.clock = self.clock
         self.runner = asyncio.new_event_loop()
 
@@ -282,3 +286,68 @@ def test_a_tick_keeps_what_it_did_not_look_at(only, targets, kept):
     loop = Loop(_Two(), _NoMetrics(), scaler, lambda *a, **k: None, CollectorRegistry())
     result = asyncio.run(loop.tick(T0, only=only))
     assert set(result.unread) == targets and scaler.kept == [frozenset(kept)]
+
+
+# ---------------------------------------------------------------------- shoal up --policy
+
+
+POLICY_STEPS = [
+    # policy, (held, in flight) -> (reason, replicas asked for)
+    # KPA: 4 held, annotation target 2 x 70 % utilization = 1.4 per pod: ceil(4 / 1.4) = 3; 3 / 1
+    # ready (at least 1) = 3 >= 2 (panic threshold 200 %): panic, which scales up at once (BURST)
+    (Kpa(), (4, 0), ("BURST", 3)),
+    # Ray Serve: 0 running, 4 ongoing: the cold-start fast path, max(ceil(1 x 1.0), target 0) = 1
+    (RayServe(), (4, 0), ("COLD_START", 1)),
+    # Shoal: 4 held, 2 per replica: ceil(4 / 2) = 2
+    (Shoal(), (4, 0), ("COLD_START", 2)),
+]
+
+
+@pytest.mark.parametrize("policy, load, expected", POLICY_STEPS, ids=[p.name for p, _, _ in POLICY_STEPS])
+def test_shoal_up_scales_a_function_from_zero_with_each_policy(policy, load, expected):
+    local = Local(policy)
+    try:
+        local.load(*load)
+        decision = local.tick()
+        local.start_what_was_asked()
+    finally:
+        local.close()
+    assert (decision.reason, decision.desired) == expected and local.replicas() == expected[1]
+    scale = [e for e in local.events if e[0] == "scale"]
+    assert [e[-1]["data"] for e in scale] == [{"from": 0, "to": expected[1], "reason": expected[0],
+                                                "policy": policy.name}]
+    assert local.registry.get_sample_value("shoal_controller_policy", {"policy": policy.name}) == 1.0
+    # a cold start is a raise from zero replicas, once, however many replicas it asked for
+    assert local.registry.get_sample_value("shoal_scale_from_zero_total", {"function": "digits"}) == 1.0
+
+
+def test_kpa_keeps_scaling_with_its_own_windows_through_the_loop():
+    """Later ticks go on through the KPA's own state: 12 in flight on 3 ready, 1.4 per pod. Its
+    windows average over the seconds since their first write: (4 + 0 + 12) / 3 s = 5.33 ->
+    ceil(5.33 / 1.4) = 4; still in the panic the first tick began (it lasts a 60 s window): BURST."""
+    local = Local(Kpa())
+    try:
+        local.load(4, 0)
+        local.tick()
+        local.start_what_was_asked()
+        local.clock.t += 2  # the KPA decides every 2 s
+        local.load(0, 12)
+        decision = local.tick()
+    finally:
+        local.close()
+    assert (decision.reason, decision.desired) == ("BURST", 4)
+
+
+@pytest.mark.parametrize("argv, name", [([], "shoal"), (["--policy", "kpa"], "kpa"), (["--policy", "ray"], "ray")],
+                         ids=["default", "kpa", "ray"])
+def test_shoal_up_policy_flag(argv, name):
+    args = build_parser().parse_args(argv)
+    assert args.policy == name and policy_named(args.policy).name == name
+
+
+def test_shoal_up_refuses_an_unknown_policy(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--policy", "knative"])
+    assert exit_.value.code == 2 and "invalid choice: 'knative'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="policy 'knative' is not one of shoal, kpa, ray"):
+        policy_named("knative")

@@ -24,7 +24,14 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.replicas import Replica, ReplicaScaler
 from autoscaler.sources.direct import ReplicaScrapes
-from autoscaler.metrics import ReplicaStat, advance_window, duty_cycle, parse_replica_metrics, request_rate
+from autoscaler.metrics import (
+    ReplicaStat,
+    advance_window,
+    duty_cycle,
+    histogram_delta,
+    parse_replica_metrics,
+    request_rate,
+)
 from autoscaler.placement import Inventory
 from autoscaler.sources.promql import PrometheusSource, replica_query, stat_from_query
 from deploy.local.server import build_parser, metrics_source_url
@@ -210,6 +217,20 @@ def test_advance_window(window, stat, expected):
     assert advance_window(window, stat) == expected
 
 
+INF = float("inf")
+
+
+@pytest.mark.parametrize("prev, cur, expected", [
+    pytest.param(None, ((0.1, 90.0), (INF, 100.0)), ((0.1, 90.0), (INF, 100.0)), id="first reading: all of it"),
+    # 93 - 90 = 3 at or under 0.1 s, 104 - 100 = 4 in all
+    pytest.param(((0.1, 90.0), (INF, 100.0)), ((0.1, 93.0), (INF, 104.0)), ((0.1, 3.0), (INF, 4.0)), id="the gain"),
+    pytest.param(((0.1, 90.0), (INF, 100.0)), ((0.1, 90.0), (INF, 100.0)), ((0.1, 0.0), (INF, 0.0)), id="none since"),
+    pytest.param(((INF, 5.0),), ((0.1, 1.0), (INF, 2.0)), ((0.1, 1.0), (INF, 2.0)), id="other bounds: all of it"),
+])
+def test_histogram_delta(prev, cur, expected):
+    assert histogram_delta(prev, cur) == expected
+
+
 def test_rates_over_zero_seconds_are_zero_not_a_division_by_zero():
     assert duty_cycle(B, B) == 0.0 and request_rate(B, B) == 0.0
 
@@ -231,13 +252,17 @@ class _IdleRouter:
     def held(self, function):
         return 0
 
+    def latencies(self):
+        return {}
+
 
 def test_controller_keeps_the_last_rates_while_prometheus_has_not_scraped_again():
     # scrapes at 10 and 25, four ticks: 10, 25, 25 again, 40
     source = _Sequence(A, B, B, C)
-    scaler = ReplicaScaler(backend=None, router=_IdleRouter(), inventory=Inventory(()), events=lambda *a, **k: None,
+    router = _IdleRouter()
+    scaler = ReplicaScaler(backend=None, router=router, inventory=Inventory(()), events=lambda *a, **k: None,
                            registry=CollectorRegistry())
-    controller = ReplicaScrapes(scaler, source)
+    controller = ReplicaScrapes(scaler, source, router)
     scaler.replicas["r"] = Replica("r", "f", 1, placement=None, state="ready",
                                        handle=SimpleNamespace(host="127.0.0.1", port=1))
 

@@ -1,0 +1,91 @@
+"""The policies a control loop can run, by name (`shoal up --policy shoal|kpa|ray`): Shoal's own
+(`autoscaler.policy`) and the two baselines (`autoscaler.baselines`), each behind the loop's
+`Policy` interface, `initial(spec, ready, now)` and `decide(snapshot, spec, state, now)`. A
+baseline is fed as its user would configure it for the function: the spec's `target_concurrency`
+is Knative's `autoscaling.knative.dev/target` annotation (the KPA then aims at 70 % of it, its
+target utilization) and Ray Serve's `target_ongoing_requests`; every other knob is upstream's
+default. Pure: nothing here reads a clock. docs/design/policy.md says how they run live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autoscaler.baselines import kpa, ray_serve
+from autoscaler.metrics import MetricsSnapshot
+from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide
+from functions.spec import ScalingSpec
+
+
+@dataclass(frozen=True)
+class Shoal:
+    """Shoal's policy, the loop's default."""
+
+    config: PolicyConfig = DEFAULT_CONFIG
+    name: str = "shoal"
+
+    def initial(self, spec: ScalingSpec, ready: int, now: float) -> PolicyState:
+        return PolicyState()
+
+    def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
+               now: float) -> tuple[ScaleDecision, PolicyState]:
+        return decide(snapshot, spec, state, now, self.config)
+
+
+@dataclass(frozen=True)
+class Kpa:
+    """Knative's KPA (autoscaler/baselines/kpa.py): the function's target as its annotation
+    target, KpaConfig's defaults for the rest (70 % utilization, 60 s stable window, 30 s to zero)."""
+
+    name: str = "kpa"
+    _configs: dict[float, kpa.KpaConfig] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def config(self, spec: ScalingSpec) -> kpa.KpaConfig:
+        """E.g. target_concurrency 4: container_concurrency_target 4, so 4 x 0.7 = 2.8 per pod."""
+        found = self._configs.get(spec.target_concurrency)
+        if found is None:
+            found = self._configs[spec.target_concurrency] = replace(
+                kpa.KpaConfig(), container_concurrency_target=spec.target_concurrency)
+        return found
+
+    def initial(self, spec: ScalingSpec, ready: int, now: float) -> Any:
+        return kpa.initial_state(self.config(spec), ready, now)
+
+    def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: Any,
+               now: float) -> tuple[ScaleDecision, Any]:
+        return kpa.decide(snapshot, spec, state, now, self.config(spec))
+
+
+@dataclass(frozen=True)
+class RayServe:
+    """Ray Serve's default policy (autoscaler/baselines/ray_serve.py): the function's target as
+    `target_ongoing_requests`, RayConfig's defaults for the rest (30 s up, 600 s down)."""
+
+    name: str = "ray"
+    _configs: dict[float, ray_serve.RayConfig] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def config(self, spec: ScalingSpec) -> ray_serve.RayConfig:
+        found = self._configs.get(spec.target_concurrency)
+        if found is None:
+            found = self._configs[spec.target_concurrency] = replace(
+                ray_serve.RayConfig(), target_ongoing_requests=spec.target_concurrency)
+        return found
+
+    def initial(self, spec: ScalingSpec, ready: int, now: float) -> ray_serve.RayState:
+        return ray_serve.RayState()
+
+    def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: ray_serve.RayState,
+               now: float) -> tuple[ScaleDecision, ray_serve.RayState]:
+        return ray_serve.decide(snapshot, spec, state, now, self.config(spec))
+
+
+POLICIES = {"shoal": Shoal, "kpa": Kpa, "ray": RayServe}
+
+
+def policy_named(name: str) -> Shoal | Kpa | RayServe:
+    """The policy `shoal up --policy NAME` runs; ValueError naming the choices for any other."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}") from None
