@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from autoscaler.lending import Idle, TakeBack, Want, choose_takebacks
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
-from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Unplaceable
+from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
@@ -120,6 +121,7 @@ class ReplicaScaler:
         self.cold_starts: dict[str, float] = {}  # function -> create to ready of its newest replica
         self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
+        self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
@@ -203,6 +205,12 @@ class ReplicaScaler:
             replica = self._place(want.demand, spec, revision)
             if replica is not None:
                 self._spawn_task(self._bring_up(replica, stopping))
+
+    def _lendable(self, name: str, placed: Unplaceable) -> bool:
+        """Whether a slice may yet be lent to `name`: taking back is on, room is what it lacks
+        (not a slice no device could hold) and another function's replica holds some."""
+        return (self.config.take_back and placed.status == Status.UNSCHEDULABLE
+                and any(r.function != name and r.state in ("starting", "ready") for r in self.replicas.values()))
 
     def _note_activity(self) -> None:
         """When each ready replica last answered or held a request, from its last two scrapes."""
@@ -294,11 +302,20 @@ class ReplicaScaler:
         placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):
             message = f"cannot place a replica of {name}: {placed.message}"
+            if self._lendable(name, placed):
+                # other functions' replicas hold the slices: once one is idle it is lent (a later
+                # tick), so the requests wait (up to the hold timeout); said every 30 s of a wait
+                if self.clock() - self.unplaced.get(name, -math.inf) >= 30.0:
+                    self.unplaced[name] = self.clock()
+                    self.events("unplaceable", f"{message}; waiting for an idle replica to give a slice back",
+                                function=name, data={"reasons": list(placed.reasons), "waiting": True})
+                return None
             self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
             if not self.live(name):  # nothing else will serve the held requests: say so now
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
+        self.unplaced.pop(name, None)
         replica = Replica(demand.replica, name, revision, placed, created_at=self.clock(), spec=spec)
         self.replicas[demand.replica] = replica
         return replica
@@ -396,6 +413,7 @@ class ReplicaScaler:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
         for name in self._seen - set(functions):
             self.slices.pop(name, None)
+            self.unplaced.pop(name, None)
             self.router.forget(name)
         self._seen = set(functions)
 

@@ -263,3 +263,16 @@ def test_without_take_back_the_waiting_requests_are_refused():
     assert not scaler.live("w") and backend.stopped == []
     assert len(router.failed) == 1 and "cannot place a replica of w" in router.failed[0]
     assert [a[0] for a, _ in events if a[0] in ("takeback", "unplaceable")] == ["unplaceable"]
+
+
+def test_with_nothing_idle_the_waiting_requests_stay_held_for_a_later_tick():
+    # every replica has a request in flight: nothing can be lent now; the requests are not refused
+    scaler, backend, router, events = _full_scaler(take_back=True)
+    for r in scaler.replicas.values():
+        r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0)
+    _apply_w(scaler)
+    _apply_w(scaler)  # the next tick tries again, and says so no second time within 30 s
+    assert not scaler.live("w") and backend.stopped == [] and router.failed == []
+    (unplaceable,) = [a for a, _ in events if a[0] == "unplaceable"]
+    assert "waiting for an idle replica to give a slice back" in unplaceable[1]
+    assert "w" not in scaler.failures  # no crash-loop back-off: a lent slice is placed at once
