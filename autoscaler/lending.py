@@ -31,11 +31,37 @@ class Idle(NamedTuple):
 
 
 class Want(NamedTuple):
-    """A replica to place, and the requests held at the gateway for its function (0: a
-    scale-up with none held)."""
+    """A replica to place, the requests held at the gateway for its function, and whether its
+    function has no replica (then its requests wait for this one, whatever it costs; a further
+    replica only takes slices whose loss costs less than `max_scale_up_cost`)."""
 
     demand: Demand
     waiting: int = 0
+    first: bool = True
+
+
+class Rate(NamedTuple):
+    """A function's request rate as an exponentially weighted count over an exponentially
+    weighted time, so a short history is its plain mean (no bias toward zero at the start)."""
+
+    at: float
+    count: float = 0.0  # requests, each weighted exp(-age / window)
+    seconds: float = 0.0  # the time observed, weighted the same way
+
+    @property
+    def per_s(self) -> float:
+        return self.count / max(self.seconds, 1.0)
+
+
+def observe_rate(rate: Rate | None, count: float, now: float, window_s: float) -> Rate:
+    """`rate` after `count` more requests answered by `now`.
+    // 1 request a second for 10 s, window 120 s: count = sum of e^(-k/120), k = 0..9 = 9.63;
+    // seconds = 120 x (1 - e^(-10/120)) = 9.59: 1.004 per s; after 120 s of silence the count is
+    // e^-1 x 9.63 = 3.54 and the time 9.59 e^-1 + 120 (1 - e^-1) = 79.4 s: 0.045 per s"""
+    if rate is None:
+        return Rate(now, max(0.0, count), 0.0)
+    decay = math.exp(-max(0.0, now - rate.at) / window_s)
+    return Rate(now, rate.count * decay + max(0.0, count), rate.seconds * decay + window_s * (1.0 - decay))
 
 
 class TakeBack(NamedTuple):
@@ -73,13 +99,16 @@ def takeback_cost(idle: Idle, now: float) -> tuple[float, float, float]:
     return chance * misses, chance, misses
 
 
-def choose_takebacks(cluster: SliceCluster, wants: Sequence[Want], idle: Sequence[Idle],
-                     now: float) -> list[TakeBack]:
+def choose_takebacks(cluster: SliceCluster, wants: Sequence[Want], idle: Sequence[Idle], now: float,
+                     max_scale_up_cost: float = 1.0) -> list[TakeBack]:
     """The take-backs that let `wants` be placed, in order, on a copy of `cluster` (unchanged):
     a want that fits as things are takes nothing; one that cannot be placed for want of room
     (UNSCHEDULABLE) takes the cheapest set of other functions' idle replicas on one device
-    that makes room for it; a want nothing can make room for is left out. Placing `wants` in
-    the same order after releasing the victims gives the placements this found."""
+    that makes room for it (a further replica of a running function only replicas costing
+    less than `max_scale_up_cost` each: less than one late request, so a busy function's
+    momentary idleness is not traded for another's extra replica); a want nothing can make
+    room for is left out. Placing `wants` in the same order after releasing the victims
+    gives the placements this found."""
     scratch = cluster.copy()
     pool = {i.replica: i for i in idle if i.replica in cluster}
     costs = {r: takeback_cost(i, now) for r, i in pool.items()}
@@ -88,7 +117,8 @@ def choose_takebacks(cluster: SliceCluster, wants: Sequence[Want], idle: Sequenc
         placed = scratch.place(want.demand)
         if isinstance(placed, Placement) or placed.status != Status.UNSCHEDULABLE:
             continue
-        others = [i for i in pool.values() if i.function != want.demand.function]
+        others = [i for i in pool.values() if i.function != want.demand.function
+                  and (want.first or costs[i.replica][0] < max_scale_up_cost)]
         victims = _cheapest_room(scratch, want.demand, others, costs)
         if victims is None:
             continue

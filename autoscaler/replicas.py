@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from autoscaler.lending import Idle, TakeBack, Want, choose_takebacks
+from autoscaler.lending import Idle, Rate, TakeBack, Want, choose_takebacks, observe_rate
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
@@ -75,6 +75,7 @@ class Replica:
     seen_at: float = 0.0  # when it last answered a scrape
     stats: list[ReplicaStat] = field(default_factory=list)  # the last two scrapes
     active_at: float = 0.0  # when a scrape last saw it answer or hold a request (from ready on)
+    counted: float = 0.0  # its answered requests already added to its function's rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class ControllerConfig:
     unresponsive_s: float = 10.0
     # a replica that cannot be placed takes slices back from other functions' idle replicas
     take_back: bool = True
+    rate_window_s: float = 120.0  # a function's request rate, for the cost of taking its slice, over this
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < LIMITS.request_timeout_s:
@@ -122,6 +124,7 @@ class ReplicaScaler:
         self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
         self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
+        self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
@@ -152,7 +155,7 @@ class ReplicaScaler:
     async def apply(self, targets: dict[str, Target], keep: frozenset[str] = frozenset()) -> dict[str, int]:
         changed = {}
         starts: list[tuple[str, FunctionSpec, int]] = []
-        self._note_activity()
+        self._note_activity(self.clock())
         for name, target in targets.items():
             before = self._scale(name, target, starts)
             if before is not None:
@@ -192,8 +195,12 @@ class ReplicaScaler:
         if not starts:
             return
         now = self.clock()
-        wants = [(Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name)), spec, rev)
-                 for name, spec, rev in starts]
+        first = {name for name, _, _ in starts if not self.live(name)}
+        wants = []
+        for name, spec, rev in starts:
+            wants.append((Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name),
+                               name in first), spec, rev))
+            first.discard(name)
         wants.sort(key=lambda w: -w[0].waiting)  # stable: equal ones keep the targets' order
         takebacks: dict[str, list[TakeBack]] = {}
         if self.config.take_back:
@@ -201,7 +208,12 @@ class ReplicaScaler:
             for tb in choose_takebacks(self.cluster, [w for w, _, _ in wants], self._idle(now, starting), now):
                 takebacks.setdefault(tb.demand.replica, []).append(tb)
         for want, spec, revision in wants:  # in choose_takebacks' order: the placements it found
-            stopping = [self._take_back(tb) for tb in takebacks.get(want.demand.replica, ())]
+            stopping = []
+            for tb in takebacks.get(want.demand.replica, ()):
+                device = self.replicas[tb.victim.replica].placement.device
+                task = self._take_back(tb)
+                if not device.emulated:  # a real device's memory is free once the victim stopped
+                    stopping.append(task)
             replica = self._place(want.demand, spec, revision)
             if replica is not None:
                 self._spawn_task(self._bring_up(replica, stopping))
@@ -212,24 +224,30 @@ class ReplicaScaler:
         return (self.config.take_back and placed.status == Status.UNSCHEDULABLE
                 and any(r.function != name and r.state in ("starting", "ready") for r in self.replicas.values()))
 
-    def _note_activity(self) -> None:
-        """When each ready replica last answered or held a request, from its last two scrapes."""
+    def _note_activity(self, now: float) -> None:
+        """When each ready replica last answered or held a request, from its last two scrapes, and
+        each function's request rate (its replicas' answers since the last look, kept across
+        scale-to-zero)."""
+        answered: dict[str, float] = {}
         for r in self.replicas.values():
             if len(r.stats) == 2 and (r.stats[1].completed > r.stats[0].completed or r.stats[1].inflight > 0):
                 r.active_at = max(r.active_at, r.stats[1].at)
+            if r.stats:
+                answered[r.function] = answered.get(r.function, 0.0) + max(0.0, r.stats[-1].completed - r.counted)
+                r.counted = max(r.counted, r.stats[-1].completed)
+        for name in set(answered) | set(self.rates):
+            self.rates[name] = observe_rate(self.rates.get(name), answered.get(name, 0.0), now,
+                                            self.config.rate_window_s)
 
     def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
         """Ready replicas of functions not in `excluded` with nothing in flight, queued or held
         at their last scrape. A request that reaches one after that is answered before it stops
-        (the drain waits for it). The rate is each replica's answered requests over its life;
-        the keep-alive the spec's idle_to_zero_s (the policy may keep a replica longer)."""
-        rates: dict[str, float] = {}
+        (the drain waits for it). The rate is the function's (`rates`); the keep-alive the
+        spec's idle_to_zero_s (the policy may keep a replica longer)."""
         live: dict[str, int] = {}
         for r in self.replicas.values():
             if r.state in ("starting", "ready"):
                 live[r.function] = live.get(r.function, 0) + 1
-            if r.state == "ready" and r.stats and r.ready_at is not None:
-                rates[r.function] = rates.get(r.function, 0.0) + r.stats[-1].completed / max(1.0, now - r.ready_at)
         out = []
         for r in self.replicas.values():
             if (r.state != "ready" or r.function in excluded or not r.stats or r.spec is None
@@ -238,7 +256,8 @@ class ReplicaScaler:
                 continue
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
-            out.append(Idle(r.id, r.function, rates.get(r.function, 0.0), r.active_at, scaling.idle_to_zero_s,
+            rate = self.rates[r.function].per_s if r.function in self.rates else 0.0
+            out.append(Idle(r.id, r.function, rate, r.active_at, scaling.idle_to_zero_s,
                             cold_s, scaling.slo_p95_ms / 1000.0))
         return out
 
@@ -414,6 +433,7 @@ class ReplicaScaler:
         for name in self._seen - set(functions):
             self.slices.pop(name, None)
             self.unplaced.pop(name, None)
+            self.rates.pop(name, None)
             self.router.forget(name)
         self._seen = set(functions)
 

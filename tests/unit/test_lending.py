@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.lending import Idle, Want, chance_of_request, choose_takebacks, cold_start_misses, takeback_cost
+from autoscaler.lending import (
+    Idle, Rate, Want, chance_of_request, choose_takebacks, cold_start_misses, observe_rate, takeback_cost,
+)
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Allocation, Demand, Device, Inventory, SliceCluster
@@ -143,6 +145,24 @@ def test_a_want_that_no_device_could_ever_take_takes_nothing():
     assert choose_takebacks(cluster_of(*FULL), [want("w-1", "3/2")], [idle("f0-1")], now=100.0) == []
 
 
+def test_a_further_replica_takes_only_slices_that_cost_less_than_one_late_request():
+    # w runs already (first=False): f0 (cost 0) is lent, f1 (2 rps, active now: cost ~4) is not
+    cluster = cluster_of(*FULL)
+    scale_up = Want(want("w-2").demand, waiting=0, first=False)
+    (taken,) = choose_takebacks(cluster, [scale_up], [idle("f0-1"), idle("f1-1", rate=2.0, active_at=99.0)], 100.0)
+    assert taken.victim.replica == "f0-1"
+    assert choose_takebacks(cluster, [scale_up], [idle("f1-1", rate=2.0, active_at=99.0)], now=100.0) == []
+
+
+def test_the_rate_is_the_plain_mean_at_first_and_forgets_over_its_window():
+    rate = observe_rate(None, 0.0, 0.0, 120.0)
+    for t in range(1, 11):  # one request a second for 10 s
+        rate = observe_rate(rate, 1.0, float(t), 120.0)
+    assert rate.per_s == pytest.approx(1.004, abs=1e-3)  # 9.63 / 9.59, see observe_rate
+    rate = observe_rate(rate, 0.0, 130.0, 120.0)  # 120 s of silence
+    assert rate.per_s == pytest.approx(3.544 / 79.38, rel=1e-3)
+
+
 # ---- the scaler does the I/O: drain and stop the victims, place the waiting function, in one tick
 
 
@@ -217,12 +237,11 @@ def _full_scaler(take_back: bool):
     asyncio.run(fill())
     for r in scaler.replicas.values():
         i = int(r.function[1:])
-        r.ready_at = 0.0
         done = 100.0 if i == 1 else 1.0
-        at_last = 99.0 if i == 1 else 40.0 - i
-        r.stats = [ReplicaStat(r.id, 99.0, completed=done - (i == 1)), ReplicaStat(r.id, 100.0, completed=done,
-                                                                                    inflight=float(i == 0))]
-        r.active_at = at_last
+        r.stats = [ReplicaStat(r.id, 99.0, completed=done), ReplicaStat(r.id, 100.0, completed=done,
+                                                                         inflight=float(i == 0))]
+        r.counted, r.active_at = done, 99.0 if i == 1 else 40.0 - i
+        scaler.rates[r.function] = Rate(100.0, done, 100.0)  # answered over the last 100 s
     clock.now = 100.0
     return scaler, backend, router, events
 
