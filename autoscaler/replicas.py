@@ -2,8 +2,9 @@
 
 It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
 gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
-keep serving); it reaps replicas that died or whose function went away, and backs off a function
-whose replicas fail to start. Written against interfaces declared here and implemented in
+keep serving); a replica that cannot be placed takes slices back from other functions' idle
+replicas in the same tick (autoscaler.lending chooses them); it reaps replicas that died or whose
+function went away, and backs off a function whose replicas fail to start. Written against interfaces declared here and implemented in
 `deploy.local` (the backend) and `serving` (the gateway): imports neither.
 """
 
@@ -12,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Protocol
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from autoscaler.lending import Idle, Rate, TakeBack, Want, choose_takebacks, observe_rate
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
-from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Unplaceable
-from autoscaler.policy import ScaleDecision
+from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
+from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
@@ -71,6 +74,8 @@ class Replica:
     spec: FunctionSpec | None = None  # what it was started with
     seen_at: float = 0.0  # when it last answered a scrape
     stats: list[ReplicaStat] = field(default_factory=list)  # the last two scrapes
+    active_at: float = 0.0  # when a scrape last saw it answer or hold a request (from ready on)
+    counted: float = 0.0  # its answered requests already added to its function's rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,9 @@ class ControllerConfig:
     stop_grace_s: float = LIMITS.graceful_shutdown_s
     # a ready replica that answers no scrape for this long is replaced (a liveness probe)
     unresponsive_s: float = 10.0
+    # a replica that cannot be placed takes slices back from other functions' idle replicas
+    take_back: bool = True
+    rate_window_s: float = 120.0  # a function's request rate, for the cost of taking its slice, over this
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < LIMITS.request_timeout_s:
@@ -115,9 +123,14 @@ class ReplicaScaler:
         self.cold_starts: dict[str, float] = {}  # function -> create to ready of its newest replica
         self.slices: dict[str, Fraction] = {}  # the policy's slice-size hint, for replicas started from now on
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
+        self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
+        self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from an idle replica for a "
+                                 "replica that could not be placed, by function and role (took or gave)",
+                                 ["function", "role"], registry=registry)
         allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
                           ["device", "emulated"], registry=registry)
         for device in inventory.devices:
@@ -141,14 +154,18 @@ class ReplicaScaler:
 
     async def apply(self, targets: dict[str, Target], keep: frozenset[str] = frozenset()) -> dict[str, int]:
         changed = {}
+        starts: list[tuple[str, FunctionSpec, int]] = []
+        self._note_activity(self.clock())
         for name, target in targets.items():
-            before = self._scale(name, target)
+            before = self._scale(name, target, starts)
             if before is not None:
                 changed[name] = before
+        self._start(starts)
         return changed
 
-    def _scale(self, name: str, target: Target) -> int | None:
-        """Start or stop replicas of one function (as tasks); the count it had, if it changes."""
+    def _scale(self, name: str, target: Target, starts: list[tuple[str, FunctionSpec, int]]) -> int | None:
+        """Stop replicas of one function (as tasks), or add the ones to start to `starts`;
+        the count it had, if it changes."""
         decision, spec = target.decision, target.spec
         if decision is None:
             return None
@@ -162,13 +179,105 @@ class ReplicaScaler:
             self.router.fail_waiters(name, f"function {name!r} could not start a replica moments ago; "
                                            f"retrying in {not_before - now:.0f} s (see shoal events {name})")
             return None
-        for _ in range(decision.desired - current):
-            self._spawn_task(self.start_replica(name, spec, target.revision))
+        starts += [(name, spec, target.revision)] * max(0, decision.desired - current)
         if decision.desired < current:
             # newest first: the oldest replicas are warm and keep serving
             for replica in sorted(mine, key=lambda r: r.created_at, reverse=True)[: current - decision.desired]:
                 self._spawn_task(self.stop_replica(replica, decision.reason))
         return current if decision.desired != current else None
+
+    # ------------------------------------------------------------------ starts, with slices lent back
+
+    def _start(self, starts: list[tuple[str, FunctionSpec, int]]) -> None:
+        """Place this tick's new replicas, the functions with the most requests held first; one
+        that does not fit takes slices back from other functions' idle replicas (drained and
+        stopped, it starts once they are), so keep-alive holds only capacity nobody waits for."""
+        if not starts:
+            return
+        now = self.clock()
+        first = {name for name, _, _ in starts if not self.live(name)}
+        wants = []
+        for name, spec, rev in starts:
+            wants.append((Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name),
+                               name in first), spec, rev))
+            first.discard(name)
+        wants.sort(key=lambda w: -w[0].waiting)  # stable: equal ones keep the targets' order
+        takebacks: dict[str, list[TakeBack]] = {}
+        if self.config.take_back:
+            starting = {name for name, _, _ in starts}
+            for tb in choose_takebacks(self.cluster, [w for w, _, _ in wants], self._idle(now, starting), now):
+                takebacks.setdefault(tb.demand.replica, []).append(tb)
+        for want, spec, revision in wants:  # in choose_takebacks' order: the placements it found
+            stopping = []
+            for tb in takebacks.get(want.demand.replica, ()):
+                device = self.replicas[tb.victim.replica].placement.device
+                task = self._take_back(tb)
+                if not device.emulated:  # a real device's memory is free once the victim stopped
+                    stopping.append(task)
+            replica = self._place(want.demand, spec, revision)
+            if replica is not None:
+                self._spawn_task(self._bring_up(replica, stopping))
+
+    def _lendable(self, name: str, placed: Unplaceable) -> bool:
+        """Whether a slice may yet be lent to `name`: taking back is on, room is what it lacks
+        (not a slice no device could hold) and another function's replica holds some."""
+        return (self.config.take_back and placed.status == Status.UNSCHEDULABLE
+                and any(r.function != name and r.state in ("starting", "ready") for r in self.replicas.values()))
+
+    def _note_activity(self, now: float) -> None:
+        """When each ready replica last answered or held a request, from its last two scrapes, and
+        each function's request rate (its replicas' answers since the last look, kept across
+        scale-to-zero)."""
+        answered: dict[str, float] = {}
+        for r in self.replicas.values():
+            if len(r.stats) == 2 and (r.stats[1].completed > r.stats[0].completed or r.stats[1].inflight > 0):
+                r.active_at = max(r.active_at, r.stats[1].at)
+            if r.stats:
+                answered[r.function] = answered.get(r.function, 0.0) + max(0.0, r.stats[-1].completed - r.counted)
+                r.counted = max(r.counted, r.stats[-1].completed)
+        for name in set(answered) | set(self.rates):
+            self.rates[name] = observe_rate(self.rates.get(name), answered.get(name, 0.0), now,
+                                            self.config.rate_window_s)
+
+    def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
+        """Ready replicas of functions not in `excluded` with nothing in flight, queued or held
+        at their last scrape. A request that reaches one after that is answered before it stops
+        (the drain waits for it). The rate is the function's (`rates`); the keep-alive the
+        spec's idle_to_zero_s (the policy may keep a replica longer)."""
+        live: dict[str, int] = {}
+        for r in self.replicas.values():
+            if r.state in ("starting", "ready"):
+                live[r.function] = live.get(r.function, 0) + 1
+        out = []
+        for r in self.replicas.values():
+            if (r.state != "ready" or r.function in excluded or not r.stats or r.spec is None
+                    or live[r.function] <= r.spec.scaling.min_replicas  # its floor is not lent
+                    or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0 or self.router.held(r.function) > 0):
+                continue
+            scaling = r.spec.scaling
+            cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
+            rate = self.rates[r.function].per_s if r.function in self.rates else 0.0
+            out.append(Idle(r.id, r.function, rate, r.active_at, scaling.idle_to_zero_s,
+                            cold_s, scaling.slo_p95_ms / 1000.0))
+        return out
+
+    def _take_back(self, tb: TakeBack) -> asyncio.Task:
+        """Stop routing to the victim and free its slice now; drain and stop it in a task."""
+        victim = self.replicas[tb.victim.replica]
+        victim.state = "draining"
+        self.cluster.release(victim.id)
+        taker = tb.demand.function
+        self.takebacks.labels(taker, "took").inc()
+        self.takebacks.labels(victim.function, "gave").inc()
+        idle_s = self.clock() - victim.active_at
+        self.events("takeback", f"{taker} took {victim.placement.device.id} slice {_slice(victim.placement)} from "
+                    f"{victim.function} ({victim.id}, idle {idle_s:.0f} s): {tb.waiting} request(s) of {taker} "
+                    f"waiting and no free slice; cost {tb.cost:.3f} = P(request before keep-alive ends) "
+                    f"{tb.chance:.3f} x {tb.misses:.2f} cold-start misses",
+                    function=taker, data={"from": victim.function, "replica": victim.id, "for": tb.demand.replica,
+                                          "device": victim.placement.device.id, "waiting": tb.waiting,
+                                          "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
+        return self._spawn_task(self._drain_and_stop(victim, f"slice taken back by {taker}"))
 
     def slice_for(self, spec: FunctionSpec) -> Fraction:
         return self.slices.get(spec.name, Fraction(spec.slice.fraction))
@@ -192,27 +301,53 @@ class ReplicaScaler:
     def live(self, name: str) -> list[Replica]:
         return [r for r in self.replicas.values() if r.function == name and r.state in ("starting", "ready")]
 
-    def _spawn_task(self, coro) -> None:
+    def _spawn_task(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def demand_for(self, spec: FunctionSpec, replica_id: str) -> Demand:
         kinds = ("emulated",) if _is_profile(spec) else ("gpu", "cpu")
         return Demand(replica_id, spec.name, self.slice_for(spec), spec.slice.memory_mib, kinds)
 
     async def start_replica(self, name: str, spec: FunctionSpec, revision: int) -> Replica | None:
-        replica_id = f"{name}-{next(self._ids)}"
-        placed = self.cluster.place(self.demand_for(spec, replica_id))
+        replica = self._place(self.demand_for(spec, f"{name}-{next(self._ids)}"), spec, revision)
+        return None if replica is None else await self._bring_up(replica)
+
+    def _place(self, demand: Demand, spec: FunctionSpec, revision: int) -> Replica | None:
+        """Hold a slice for a new replica now, or say why none can be had."""
+        name = demand.function
+        placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):
             message = f"cannot place a replica of {name}: {placed.message}"
+            if self._lendable(name, placed):
+                # other functions' replicas hold the slices: once one is idle it is lent (a later
+                # tick), so the requests wait (up to the hold timeout); said every 30 s of a wait
+                if self.clock() - self.unplaced.get(name, -math.inf) >= 30.0:
+                    self.unplaced[name] = self.clock()
+                    self.events("unplaceable", f"{message}; waiting for an idle replica to give a slice back",
+                                function=name, data={"reasons": list(placed.reasons), "waiting": True})
+                return None
             self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
             if not self.live(name):  # nothing else will serve the held requests: say so now
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
-        replica = Replica(replica_id, name, revision, placed, created_at=self.clock(), spec=spec)
-        self.replicas[replica_id] = replica
+        self.unplaced.pop(name, None)
+        replica = Replica(demand.replica, name, revision, placed, created_at=self.clock(), spec=spec)
+        self.replicas[demand.replica] = replica
+        return replica
+
+    async def _bring_up(self, replica: Replica, after: list[asyncio.Task] | tuple = ()) -> Replica | None:
+        """Create a placed replica (once the replicas that gave its slice back have stopped,
+        so a real device's memory is free) and wait until it is ready."""
+        name, spec, replica_id, placed = replica.function, replica.spec, replica.id, replica.placement
+        if after:
+            await asyncio.gather(*after, return_exceptions=True)
+            if replica.state != "starting":  # stopped while it waited
+                await self._finish_stop(replica, "stopped while starting")
+                return None
         try:
             replica.handle = await self.backend.create(replica_id, spec, placed)
             if replica.state == "starting":
@@ -232,7 +367,7 @@ class ReplicaScaler:
             return None
         self.failures.pop(name, None)
         replica.state, replica.ready_at = "ready", self.clock()
-        replica.seen_at = replica.ready_at
+        replica.seen_at = replica.active_at = replica.ready_at
         self.cold_starts[name] = ready_s
         self.router.add_endpoint(name, replica_id, replica.handle.host, replica.handle.port,
                                  spawn_s=live_s, load_s=max(0.0, ready_s - live_s),
@@ -255,6 +390,9 @@ class ReplicaScaler:
         replica.state = "draining"
         if not was_ready:
             return  # still starting: start_replica sees the state and finishes the stop
+        await self._drain_and_stop(replica, reason)
+
+    async def _drain_and_stop(self, replica: Replica, reason: str) -> None:
         # a drain outlasts the longest request the function allows
         drain_s = max(self.config.drain_timeout_s, (replica.spec.timeout_s + 5.0) if replica.spec else 0.0)
         drained = await self.router.drain_endpoint(replica.function, replica.id, drain_s)
@@ -294,6 +432,8 @@ class ReplicaScaler:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
         for name in self._seen - set(functions):
             self.slices.pop(name, None)
+            self.unplaced.pop(name, None)
+            self.rates.pop(name, None)
             self.router.forget(name)
         self._seen = set(functions)
 

@@ -130,8 +130,18 @@ def _log(request_type, name, response_time, response_length, response=None, cont
     if response is not None and status:
         cold = response.headers.get("shoal-cold-start") or ""
     error = "" if exception is None else str(exception).replace("\n", " ")[:200]
+    if response is not None and status >= 400:  # the server's own reason ("cannot place a replica ...")
+        error = f"{status}: {_server_reason(response)}" if _server_reason(response) else error
     _WRITER.writerow((f"{start_time or time.time():.6f}", context.get('scheduled', ''),
                       f"{response_time:.3f}", status, context.get("function", name), error, cold))
+
+
+def _server_reason(response) -> str:
+    """The `error` of a JSON error body (V2's form), or "" when there is none."""
+    try:
+        return str(json.loads(response.text or "{}").get("error", "")).replace("\n", " ")[:300]
+    except (ValueError, AttributeError):
+        return ""
 
 
 @events.quitting.add_listener

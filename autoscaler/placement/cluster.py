@@ -5,7 +5,7 @@ MiB). `place()` runs the profile's filter and score plugins over those arrays in
 one compiled pass (`plugins.best_device`); the controller (a few devices), the
 simulator and the planner (thousands) all place through it. Besides placing and
 releasing, it answers the questions a packing controller asks: which replicas to
-remove so whole devices go idle (`scale_down_victims`), and which to move so
+remove so whole devices go idle (`scale_down_victims`, `release_order`), and which to move so
 sparse devices empty (`consolidation_moves`, a proposal only, in the spirit of
 the Kubernetes descheduler's HighNodeUtilization).
 
@@ -323,28 +323,37 @@ class SliceCluster:
 
     def scale_down_victims(self, function: str, count: int) -> list[str]:
         """Which `count` replicas of `function` to remove so that whole devices go idle
-        soonest. A replica's device is ranked by what would stay on it once every
-        replica of this function left (0 first: that device can go idle), then by how
-        few of this function's replicas it holds (fewer to remove before it is idle),
-        then least allocated, then the lowest id (placement fills the highest first);
-        on one device the newest replica goes first.
+        soonest: the first `count` of its replicas in `release_order`.
         E.g. A holds f 1/4 + g 1/4, B holds f 3 x 1/4, count 3: B's rest is 0, A's
         1/4, so B's three go and B is idle."""
         mine = [r for r in self._by_function.get(function, ()) if r in self._replicas]
-        units_of_f: dict[int, int] = {}
-        count_of_f: dict[int, int] = {}
-        for r in mine:
+        return self.release_order(mine)[:max(0, count)]
+
+    def release_order(self, replicas: Sequence[str]) -> list[str]:
+        """`replicas` (any functions'; unknown ids left out) in the order that lets whole
+        devices go idle soonest. A replica's device is ranked by what would stay on it once
+        every one of `replicas` there left (0 first: that device can go idle), then by how
+        few of them it holds (fewer to remove before it is idle), then least allocated, then
+        the lowest id (placement fills the highest first); on one device the newest first.
+        The one consolidating choice: scale-down (`scale_down_victims`) and the lending of
+        idle slices (autoscaler.lending) both take replicas in this order.
+        E.g. A holds f 1/8 + g 1/8 + h 1/4, B holds f 1/8; of (f on A, g on A, f on B):
+        A's rest is 1/4, B's 0: f on B first."""
+        held = [r for r in dict.fromkeys(replicas) if r in self._replicas]
+        units_of: dict[int, int] = {}
+        count_of: dict[int, int] = {}
+        for r in held:
             i = self._replicas[r].device
-            units_of_f[i] = units_of_f.get(i, 0) + self._replicas[r].units
-            count_of_f[i] = count_of_f.get(i, 0) + 1
+            units_of[i] = units_of.get(i, 0) + self._replicas[r].units
+            count_of[i] = count_of.get(i, 0) + 1
 
         def rank(r: str) -> tuple:
             h = self._replicas[r]
             i = h.device
             used = UNITS - int(self._free_units[i])
-            return used - units_of_f[i], count_of_f[i], used, int(self._id_rank[i]), -h.seq
+            return used - units_of[i], count_of[i], used, int(self._id_rank[i]), -h.seq
 
-        return sorted(mine, key=rank)[:max(0, count)]
+        return sorted(held, key=rank)
 
     def consolidation_moves(self, max_moves: int) -> list[tuple[str, str, str]]:
         """Replicas to re-place so sparse devices empty: (replica, from device, to device).

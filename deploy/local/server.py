@@ -1,7 +1,7 @@
 """`shoal up`: the whole control plane in one process, on the embedded default.
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
-             [--auth-inference] [--metrics-source direct|prometheus --prometheus-url URL]
+             [--auth-inference] [--no-take-back] [--metrics-source direct|prometheus --prometheus-url URL]
              [--policy shoal|kpa|ray]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
@@ -309,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-inference", action="store_true", help="require the bearer token on inference endpoints too")
     p.add_argument("--hold-timeout-s", type=float, default=30.0, help="how long a request may wait for a cold start")
     p.add_argument("--tick-s", type=float, default=1.0, help="controller tick (default 1 s)")
+    p.add_argument("--no-take-back", action="store_true",
+                   help="a replica that cannot be placed does not take slices back from other functions' "
+                        "idle replicas (for comparison; requests waiting for it are refused)")
     p.add_argument("--max-artifact-mib", type=float, default=DEFAULT_MAX_ARTIFACT_BYTES / 2**20,
                    help="largest artifact accepted (default 1024 MiB)")
     p.add_argument("--metrics-source", choices=("direct", "prometheus"), default="direct",
@@ -346,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plane = ControlPlane(
             Path(args.state_dir), args.devices, args.auth_inference,
-            GatewayConfig(hold_timeout_s=args.hold_timeout_s), ControllerConfig(tick_s=args.tick_s),
+            GatewayConfig(hold_timeout_s=args.hold_timeout_s),
+            ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back),
             int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy),
         )
     except ValueError as exc:

@@ -1,0 +1,154 @@
+"""Idle capacity is lent, not owned: which idle replicas of other functions give their slices back
+when a replica that a function waits for cannot be placed (`choose_takebacks`, pure). An idle
+replica's loss costs the chance that its function gets a request before its keep-alive ends
+(1 - exp(-rate x keep-alive left), a Poisson arrival) times the requests that would then miss the
+SLO during its cold start; the cheapest go first, ties in the placement's consolidating order
+(`SliceCluster.release_order`, the one scale-down uses), so whole devices go idle. Keep-alive, in
+the spirit of "Serverless in the Wild" (Shahrad et al., USENIX ATC 2020: a warm instance is kept
+while the next arrival is likely), becomes a loan of capacity nobody waits for. The scaler
+(autoscaler.replicas) does the draining and stopping. Pure: stdlib and placement; no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import NamedTuple, Sequence
+
+from autoscaler.placement import Demand, Placement, SliceCluster, Status
+
+
+class Idle(NamedTuple):
+    """A ready replica with nothing in flight, as the scaler saw it."""
+
+    replica: str
+    function: str
+    rate_rps: float  # its function's recent request rate
+    active_at: float  # when it last had a request
+    keep_alive_s: float  # how long its function keeps an idle replica
+    cold_start_s: float  # its function's measured cold start (create to ready)
+    slo_s: float  # its function's latency SLO
+
+
+class Want(NamedTuple):
+    """A replica to place, the requests held at the gateway for its function, and whether its
+    function has no replica (then its requests wait for this one, whatever it costs; a further
+    replica only takes slices whose loss costs less than `max_scale_up_cost`)."""
+
+    demand: Demand
+    waiting: int = 0
+    first: bool = True
+
+
+class Rate(NamedTuple):
+    """A function's request rate as an exponentially weighted count over an exponentially
+    weighted time, so a short history is its plain mean (no bias toward zero at the start)."""
+
+    at: float
+    count: float = 0.0  # requests, each weighted exp(-age / window)
+    seconds: float = 0.0  # the time observed, weighted the same way
+
+    @property
+    def per_s(self) -> float:
+        return self.count / max(self.seconds, 1.0)
+
+
+def observe_rate(rate: Rate | None, count: float, now: float, window_s: float) -> Rate:
+    """`rate` after `count` more requests answered by `now`.
+    // 1 request a second for 10 s, window 120 s: count = sum of e^(-k/120), k = 0..9 = 9.63;
+    // seconds = 120 x (1 - e^(-10/120)) = 9.59: 1.004 per s; after 120 s of silence the count is
+    // e^-1 x 9.63 = 3.54 and the time 9.59 e^-1 + 120 (1 - e^-1) = 79.4 s: 0.045 per s"""
+    if rate is None:
+        return Rate(now, max(0.0, count), 0.0)
+    decay = math.exp(-max(0.0, now - rate.at) / window_s)
+    return Rate(now, rate.count * decay + max(0.0, count), rate.seconds * decay + window_s * (1.0 - decay))
+
+
+class TakeBack(NamedTuple):
+    victim: Idle
+    demand: Demand  # the replica placed on the slice it gave back
+    waiting: int
+    cost: float  # chance x misses
+    chance: float  # of a request before the victim's keep-alive ends
+    misses: float  # requests that would miss the SLO during its cold start, if one comes
+
+
+def chance_of_request(rate_rps: float, left_s: float) -> float:
+    """P(at least one Poisson arrival within `left_s`) = 1 - exp(-rate x left).
+    // 0.1 rps, 10 s left: 1 - exp(-1) = 0.632; no keep-alive left: 0"""
+    if rate_rps <= 0 or left_s <= 0:
+        return 0.0
+    return 1.0 - math.exp(-rate_rps * left_s)
+
+
+def cold_start_misses(rate_rps: float, cold_start_s: float, slo_s: float) -> float:
+    """Requests that miss the SLO when a request finds the function cold: the first one, and
+    those arriving while less than the SLO of the cold start is left; none when the cold start
+    is within the SLO. // 2 rps, 2.0 s cold, 0.5 s SLO: 1 + 2 x 1.5 = 4"""
+    if cold_start_s <= slo_s:
+        return 0.0
+    return 1.0 + max(0.0, rate_rps) * (cold_start_s - slo_s)
+
+
+def takeback_cost(idle: Idle, now: float) -> tuple[float, float, float]:
+    """(cost, chance, misses) of taking `idle`'s slice at `now`.
+    // 0.1 rps, keep-alive 60 s, active 50 s ago: 10 s left, chance 0.632; cold 2 s, SLO 0.5 s:
+    // misses 1 + 0.1 x 1.5 = 1.15; cost 0.632 x 1.15 = 0.727"""
+    chance = chance_of_request(idle.rate_rps, idle.active_at + idle.keep_alive_s - now)
+    misses = cold_start_misses(idle.rate_rps, idle.cold_start_s, idle.slo_s)
+    return chance * misses, chance, misses
+
+
+def choose_takebacks(cluster: SliceCluster, wants: Sequence[Want], idle: Sequence[Idle], now: float,
+                     max_scale_up_cost: float = 1.0) -> list[TakeBack]:
+    """The take-backs that let `wants` be placed, in order, on a copy of `cluster` (unchanged):
+    a want that fits as things are takes nothing; one that cannot be placed for want of room
+    (UNSCHEDULABLE) takes the cheapest set of other functions' idle replicas on one device
+    that makes room for it (a further replica of a running function only replicas costing
+    less than `max_scale_up_cost` each: less than one late request, so a busy function's
+    momentary idleness is not traded for another's extra replica); a want nothing can make
+    room for is left out. Placing `wants` in the same order after releasing the victims
+    gives the placements this found."""
+    scratch = cluster.copy()
+    pool = {i.replica: i for i in idle if i.replica in cluster}
+    costs = {r: takeback_cost(i, now) for r, i in pool.items()}
+    taken: list[TakeBack] = []
+    for want in wants:
+        placed = scratch.place(want.demand)
+        if isinstance(placed, Placement) or placed.status != Status.UNSCHEDULABLE:
+            continue
+        others = [i for i in pool.values() if i.function != want.demand.function
+                  and (want.first or costs[i.replica][0] < max_scale_up_cost)]
+        victims = _cheapest_room(scratch, want.demand, others, costs)
+        if victims is None:
+            continue
+        for v in victims:
+            scratch.release(v.replica)
+            del pool[v.replica]
+        scratch.place(want.demand)
+        taken += [TakeBack(v, want.demand, want.waiting, *costs[v.replica]) for v in victims]
+    return taken
+
+
+def _cheapest_room(cluster: SliceCluster, demand: Demand, candidates: list[Idle],
+                   costs: dict[str, tuple[float, float, float]]) -> list[Idle] | None:
+    """The idle replicas of one device whose release lets `demand` be placed, cheapest in
+    total; ties: fewer victims, then the device first in the consolidating order. On each
+    device the cheapest are taken first until the demand fits there."""
+    order = {r: k for k, r in enumerate(cluster.release_order([c.replica for c in candidates]))}
+    by_device: dict[str, list[Idle]] = {}
+    for c in candidates:
+        by_device.setdefault(cluster.device_of(c.replica).id, []).append(c)
+    best: tuple | None = None
+    for on_device in by_device.values():
+        on_device.sort(key=lambda c: (costs[c.replica][0], costs[c.replica][1], order[c.replica]))
+        trial = cluster.copy()
+        for n, c in enumerate(on_device, 1):
+            trial.release(c.replica)
+            if isinstance(trial.place(replace(demand, replica=f"{demand.replica}#trial")), Placement):
+                chosen = on_device[:n]
+                key = (sum(costs[v.replica][0] for v in chosen), n, min(order[v.replica] for v in chosen))
+                if best is None or key < best[0]:
+                    best = (key, chosen)
+                break
+    return None if best is None else best[1]

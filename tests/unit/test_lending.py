@@ -1,0 +1,297 @@
+"""Lending idle slices (autoscaler.lending): the cost of taking an idle replica's slice, and which
+replicas give theirs back so that a waiting function's replica can be placed; `now` is an argument."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from fractions import Fraction
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from autoscaler.lending import (
+    Idle, Rate, Want, chance_of_request, choose_takebacks, cold_start_misses, observe_rate, takeback_cost,
+)
+from autoscaler.loop import Target
+from autoscaler.metrics import ReplicaStat
+from autoscaler.placement import Allocation, Demand, Device, Inventory, SliceCluster
+from autoscaler.policy import ScaleDecision
+from autoscaler.replicas import ControllerConfig, ReplicaScaler
+from functions.spec import FunctionSpec, ScalingSpec, SliceRequest
+
+
+def emulated(i: int) -> Device:
+    return Device(f"emulated:{i}", "emulated", 81920)
+
+
+def cluster_of(*allocations: tuple[str, str, str], devices: int = 1) -> SliceCluster:
+    """(replica, device, fraction) with 1 GiB each; replica "g-1" is of function "g"."""
+    allocs = tuple(Allocation(r, d, Fraction(f), 1024, (), r.split("-")[0]) for r, d, f in allocations)
+    return SliceCluster.from_inventory(Inventory(tuple(emulated(i) for i in range(devices)), allocs))
+
+
+def want(replica: str, fraction: str = "1/8", waiting: int = 1) -> Want:
+    return Want(Demand(replica, replica.split("-")[0], Fraction(fraction), 1024, ("emulated",)), waiting)
+
+
+def idle(replica: str, rate: float = 0.0, active_at: float = 0.0, keep_alive_s: float = 60.0,
+         cold_start_s: float = 2.0, slo_s: float = 0.5) -> Idle:
+    return Idle(replica, replica.split("-")[0], rate, active_at, keep_alive_s, cold_start_s, slo_s)
+
+
+@pytest.mark.parametrize("rate, left, expected", [
+    pytest.param(0.1, 10.0, 1 - math.exp(-1.0), id="0.1 rps x 10 s: 1 - e^-1 = 0.632"),
+    pytest.param(2.0, 10.0, 1 - math.exp(-20.0), id="2 rps x 10 s: almost sure"),
+    pytest.param(0.1, 0.0, 0.0, id="keep-alive over: 0"),
+    pytest.param(0.1, -5.0, 0.0, id="keep-alive over long ago: 0"),
+    pytest.param(0.0, 60.0, 0.0, id="never called: 0"),
+])
+def test_chance_of_a_request_before_keep_alive_ends(rate, left, expected):
+    assert chance_of_request(rate, left) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("rate, cold, slo, expected", [
+    pytest.param(2.0, 2.0, 0.5, 4.0, id="first + 2 rps x (2.0 - 0.5) s = 4"),
+    pytest.param(0.0, 2.0, 0.5, 1.0, id="only the first request"),
+    pytest.param(5.0, 0.3, 0.5, 0.0, id="cold start within the SLO: none"),
+])
+def test_cold_start_misses(rate, cold, slo, expected):
+    assert cold_start_misses(rate, cold, slo) == pytest.approx(expected)
+
+
+def test_cost_is_chance_times_misses_at_now():
+    # 0.1 rps, active at 50, keep-alive 60 s: at 100, 10 s left: chance 1 - e^-1 = 0.632;
+    # misses 1 + 0.1 x (2.0 - 0.5) = 1.15; cost 0.632 x 1.15 = 0.727
+    cost, chance, misses = takeback_cost(idle("g-1", rate=0.1, active_at=50.0), now=100.0)
+    assert chance == pytest.approx(1 - math.exp(-1.0)) and misses == pytest.approx(1.15)
+    assert cost == pytest.approx((1 - math.exp(-1.0)) * 1.15)
+    # the same replica 10 s later: its keep-alive is over, it costs nothing
+    assert takeback_cost(idle("g-1", rate=0.1, active_at=50.0), now=110.0)[0] == 0.0
+
+
+FULL = [(f"f{i}-1", "emulated:0", "1/8") for i in range(8)]  # 8 x 1/8: the device is full
+
+
+def test_nothing_is_taken_while_a_slice_is_free():
+    cluster = cluster_of(*FULL[:7])
+    assert choose_takebacks(cluster, [want("w-1")], [idle("f0-1")], now=100.0) == []
+
+
+def test_the_cheapest_idle_replica_gives_its_slice():
+    # f0 busy (2 rps, active just now): cost ~1 x (1 + 2 x 1.5) = 4; f1 quiet (0.01 rps, active
+    # 55 s ago, 5 s left): 1 - e^-0.05 = 0.049 x 1.015 = 0.05; f2 idle past its keep-alive: 0
+    cluster = cluster_of(*FULL)
+    candidates = [idle("f0-1", rate=2.0, active_at=99.0), idle("f1-1", rate=0.01, active_at=45.0),
+                  idle("f2-1", rate=0.01, active_at=0.0)]
+    (taken,) = choose_takebacks(cluster, [want("w-1", waiting=3)], candidates, now=100.0)
+    assert taken.victim.replica == "f2-1" and taken.cost == 0.0 and taken.waiting == 3
+    assert taken.demand.replica == "w-1"
+    (taken,) = choose_takebacks(cluster, [want("w-1")], candidates[:2], now=100.0)
+    assert taken.victim.replica == "f1-1" and taken.cost == pytest.approx((1 - math.exp(-0.05)) * 1.015)
+    assert len(cluster) == 8 and "f1-1" in cluster  # the cluster given is unchanged
+
+
+def test_a_replica_is_taken_whatever_it_costs_rather_than_refuse_a_waiting_request():
+    (taken,) = choose_takebacks(cluster_of(*FULL), [want("w-1")], [idle("f0-1", rate=50.0, active_at=100.0)], 100.0)
+    assert taken.victim.replica == "f0-1" and taken.cost > 1
+
+
+def test_no_take_back_without_an_idle_replica_of_another_function():
+    cluster = cluster_of(*FULL)
+    assert choose_takebacks(cluster, [want("w-1")], [], now=100.0) == []
+    # the waiting function's own idle replica is not lent to itself
+    assert choose_takebacks(cluster_of(*FULL[:7], ("w-1", "emulated:0", "1/8")), [want("w-2")],
+                            [idle("w-1")], now=100.0) == []
+
+
+def test_a_larger_slice_takes_the_cheapest_set_on_one_device():
+    # a 1/4 needs two 1/8s on one device. emulated:0: a0 (past keep-alive: 0) and a1 (2 rps, active
+    # now: ~1 x (1 + 2 x 1.5) = 4); emulated:1: b0 and b1, each (1 - e^-0.05) x 1.015 = 0.05.
+    # Device 0's pair costs 0 + 4, device 1's 0.1: b0 and b1 go.
+    allocations = ([(f"a{i}-1", "emulated:0", "1/8") for i in range(8)]
+                   + [(f"b{i}-1", "emulated:1", "1/8") for i in range(8)])
+    cluster = cluster_of(*allocations, devices=2)
+    candidates = [idle("a0-1"), idle("a1-1", rate=2.0, active_at=99.0),
+                  idle("b0-1", rate=0.01, active_at=45.0), idle("b1-1", rate=0.01, active_at=45.0)]
+    taken = choose_takebacks(cluster, [want("w-1", "1/4")], candidates, now=100.0)
+    assert sorted(t.victim.replica for t in taken) == ["b0-1", "b1-1"]
+    assert all(t.demand.replica == "w-1" for t in taken)
+
+
+def test_equal_costs_take_from_the_device_that_can_go_idle_first():
+    # emulated:0: a0 (idle) + 7 busy 1/8s; emulated:1: b0, b1 (idle) + c 3/4. All idle ones cost 0.
+    # release_order: what stays once the candidates leave: emulated:0 7/8, emulated:1 1 - 2/8 = 3/4,
+    # so emulated:1's go first and b0 or b1 gives its slice, not a0.
+    allocations = ([("a0-1", "emulated:0", "1/8")] + [(f"x{i}-1", "emulated:0", "1/8") for i in range(7)]
+                   + [("b0-1", "emulated:1", "1/8"), ("b1-1", "emulated:1", "1/8"), ("c-1", "emulated:1", "3/4")])
+    cluster = cluster_of(*allocations, devices=2)
+    assert cluster.release_order(["a0-1", "b0-1", "b1-1"])[-1] == "a0-1"
+    (taken,) = choose_takebacks(cluster, [want("w-1")], [idle("a0-1"), idle("b0-1"), idle("b1-1")], now=100.0)
+    assert taken.victim.replica in ("b0-1", "b1-1")
+
+
+def test_several_wants_share_the_idle_replicas_in_order():
+    # two waiting replicas, two idle ones: each takes one; a third want finds none and is left out
+    cluster = cluster_of(*FULL)
+    wants = [want("w-1", waiting=5), want("v-1", waiting=1), want("u-1")]
+    taken = choose_takebacks(cluster, wants, [idle("f0-1"), idle("f1-1", rate=0.1, active_at=99.0)], now=100.0)
+    assert [(t.demand.replica, t.victim.replica) for t in taken] == [("w-1", "f0-1"), ("v-1", "f1-1")]
+
+
+def test_a_want_that_no_device_could_ever_take_takes_nothing():
+    # a slice larger than the device is UNRESOLVABLE: no take-back can help
+    assert choose_takebacks(cluster_of(*FULL), [want("w-1", "3/2")], [idle("f0-1")], now=100.0) == []
+
+
+def test_a_further_replica_takes_only_slices_that_cost_less_than_one_late_request():
+    # w runs already (first=False): f0 (cost 0) is lent, f1 (2 rps, active now: cost ~4) is not
+    cluster = cluster_of(*FULL)
+    scale_up = Want(want("w-2").demand, waiting=0, first=False)
+    (taken,) = choose_takebacks(cluster, [scale_up], [idle("f0-1"), idle("f1-1", rate=2.0, active_at=99.0)], 100.0)
+    assert taken.victim.replica == "f0-1"
+    assert choose_takebacks(cluster, [scale_up], [idle("f1-1", rate=2.0, active_at=99.0)], now=100.0) == []
+
+
+def test_the_rate_is_the_plain_mean_at_first_and_forgets_over_its_window():
+    rate = observe_rate(None, 0.0, 0.0, 120.0)
+    for t in range(1, 11):  # one request a second for 10 s
+        rate = observe_rate(rate, 1.0, float(t), 120.0)
+    assert rate.per_s == pytest.approx(1.004, abs=1e-3)  # 9.63 / 9.59, see observe_rate
+    rate = observe_rate(rate, 0.0, 130.0, 120.0)  # 120 s of silence
+    assert rate.per_s == pytest.approx(3.544 / 79.38, rel=1e-3)
+
+
+# ---- the scaler does the I/O: drain and stop the victims, place the waiting function, in one tick
+
+
+class _Backend:
+    def __init__(self):
+        self.created: list[str] = []
+        self.stopped: list[str] = []
+
+    async def create(self, replica_id, spec, placement):
+        self.created.append(replica_id)
+        return SimpleNamespace(host="127.0.0.1", port=1, id=replica_id)
+
+    async def wait_ready(self, handle, timeout_s):
+        return 0.5, 2.0  # live after 0.5 s, ready after 2.0 s
+
+    async def stop(self, handle, grace_s):
+        self.stopped.append(handle.id)
+
+    def exited(self, handle):
+        return None
+
+
+class _Router:
+    def __init__(self, held: dict[str, int]):
+        self._held = held
+        self.drained: list[str] = []
+        self.failed: list[str] = []
+        self.added: list[str] = []
+
+    def add_endpoint(self, function, replica, host, port, spawn_s=None, load_s=None, uds=None):
+        self.added.append(replica)
+
+    async def drain_endpoint(self, function, replica, timeout_s):
+        self.drained.append(replica)
+        return True
+
+    def remove_endpoint(self, function, replica):
+        pass
+
+    def forget(self, function):
+        pass
+
+    def fail_waiters(self, function, message):
+        self.failed.append(message)
+
+    def held(self, function):
+        return self._held.get(function, 0)
+
+    def outstanding(self, function):
+        return 0
+
+
+def _spec(name: str) -> FunctionSpec:
+    return FunctionSpec(name, "sha256:" + "0" * 64 + "/p.yaml", slice=SliceRequest(Fraction(1, 8)),
+                        scaling=ScalingSpec(slo_p95_ms=500.0, idle_to_zero_s=60.0))
+
+
+def _full_scaler(take_back: bool):
+    """One emulated device, full with 8 ready replicas at 1/8: f0 has a request in flight, f1 answered
+    100 requests over its 100 s of life (1 rps, active at 99), f2..f7 answered 1 each (0.01 rps,
+    active at 40 or before). Requests wait for w, which has no replica."""
+    events: list[tuple] = []
+    backend, router = _Backend(), _Router({"w": 2})
+    clock = SimpleNamespace(now=0.0)
+    scaler = ReplicaScaler(backend, router, Inventory((emulated(0),)), lambda *a, **k: events.append((a, k)),
+                           CollectorRegistry(), ControllerConfig(take_back=take_back), clock=lambda: clock.now)
+
+    async def fill():
+        for i in range(8):
+            await scaler.start_replica(f"f{i}", _spec(f"f{i}"), 1)
+
+    asyncio.run(fill())
+    for r in scaler.replicas.values():
+        i = int(r.function[1:])
+        done = 100.0 if i == 1 else 1.0
+        r.stats = [ReplicaStat(r.id, 99.0, completed=done), ReplicaStat(r.id, 100.0, completed=done,
+                                                                         inflight=float(i == 0))]
+        r.counted, r.active_at = done, 99.0 if i == 1 else 40.0 - i
+        scaler.rates[r.function] = Rate(100.0, done, 100.0)  # answered over the last 100 s
+    clock.now = 100.0
+    return scaler, backend, router, events
+
+
+def _apply_w(scaler) -> None:
+    target = Target(_spec("w"), 1, 1, ScaleDecision(1, "COLD_START"))
+
+    async def run():
+        await scaler.apply({"w": target})
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+
+
+def test_the_scaler_takes_back_the_cheapest_idle_slice_and_places_the_waiting_function_in_the_tick():
+    scaler, backend, router, events = _full_scaler(take_back=True)
+    _apply_w(scaler)
+    # f2..f7: 0.01 rps, active at 38..33, keep-alive 60 s: over by 100, cost 0 and chance 0 each;
+    # f1: 1 rps, active at 99: chance 1 - e^-59 x (1 + 1 x 1.5) misses = 2.5; f0 has a request in
+    # flight. Among the equal f2..f7 the consolidating order decides: one device, the newest first: f7
+    (takeback,) = [(a, k) for a, k in events if a[0] == "takeback"]
+    (kind, message), data = takeback[0], takeback[1]
+    assert "w took emulated:0 slice 1/8 from f7" in message and "2 request(s) of w waiting" in message
+    assert data["data"]["from"] == "f7" and data["function"] == "w"
+    assert router.drained == ["f7-8"] and backend.stopped == ["f7-8"]
+    (w,) = scaler.live("w")
+    assert w.state == "ready" and w.placement.device.id == "emulated:0" and router.added[-1] == w.id
+    assert backend.created.index(w.id) == len(backend.created) - 1 and router.failed == []
+    assert scaler.takebacks.labels("w", "took")._value.get() == 1
+    assert scaler.takebacks.labels("f7", "gave")._value.get() == 1
+    # the busy f0 and the 1 rps f1 kept their slices
+    assert {r.function for r in scaler.replicas.values()} == {f"f{i}" for i in range(7)} | {"w"}
+
+
+def test_without_take_back_the_waiting_requests_are_refused():
+    scaler, backend, router, events = _full_scaler(take_back=False)
+    _apply_w(scaler)
+    assert not scaler.live("w") and backend.stopped == []
+    assert len(router.failed) == 1 and "cannot place a replica of w" in router.failed[0]
+    assert [a[0] for a, _ in events if a[0] in ("takeback", "unplaceable")] == ["unplaceable"]
+
+
+def test_with_nothing_idle_the_waiting_requests_stay_held_for_a_later_tick():
+    # every replica has a request in flight: nothing can be lent now; the requests are not refused
+    scaler, backend, router, events = _full_scaler(take_back=True)
+    for r in scaler.replicas.values():
+        r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0)
+    _apply_w(scaler)
+    _apply_w(scaler)  # the next tick tries again, and says so no second time within 30 s
+    assert not scaler.live("w") and backend.stopped == [] and router.failed == []
+    (unplaceable,) = [a for a, _ in events if a[0] == "unplaceable"]
+    assert "waiting for an idle replica to give a slice back" in unplaceable[1]
+    assert "w" not in scaler.failures  # no crash-loop back-off: a lent slice is placed at once
