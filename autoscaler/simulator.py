@@ -2,11 +2,12 @@
 request of a trace, in decision ticks (1 s by default, the controller's): requests for a function
 at zero are held and the policy asked at once, as the gateway pokes; each tick's requests are
 served exactly per request for a deterministic service time (one segmented cummax over all
-servers, in numpy); every function with replicas or held requests gets a `MetricsSnapshot` and a
-look of its policy (a tick's looks in one call, `autoscaler.looks`); replicas are placed and
-removed by the placement package. `replica_slice_seconds` is the sum over replicas of (share of a
-GPU) x (seconds held, starting included). Every GPU here is simulated: no figure from this
-module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
+servers, in numpy); every function is looked at at its deploy (t=0), then each tick while it has
+replicas or held requests: a `MetricsSnapshot` with only what the controller would know (batch
+latencies learned from the batches run, the cold start once measured) and a look of its policy (a
+tick's looks in one call, `autoscaler.looks`); replicas are placed and removed by the placement
+package. `replica_slice_seconds` is the sum over replicas of (share of a GPU) x (seconds held,
+starting included). Every GPU here is simulated: no figure from this module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
 docs/design/simulator.md.
 """
 
@@ -343,6 +344,9 @@ class Simulation:
         self.memory = Memory()
         self._tables: list[tuple[tuple[float, float], ...]] = [()] * n
         self._batching = self.max_batch > 1  # a model that never batches learns only size 1: no table
+        # per function, a window whose learning changed nothing (NaN: none): the same window again
+        # changes nothing either, so it is not learned again (most of a large population's are)
+        self._settled = np.full((n, 2), np.nan)
         # a start from zero is a cold start once a request waits for it (arrives before its
         # first replica is ready), as the gateway counts one: per function, until when
         self._wait_until = np.full(n, -np.inf)
@@ -703,10 +707,19 @@ class Simulation:
         if not len(fids):
             return
         batches = np.bincount(f, weights=1.0 / rows, minlength=len(n_f))[fids]
-        sizes, seconds = (n_f[fids] / batches).tolist(), (self.tick_busy[fids] / batches).tolist()
-        learn, names, slices, tables = self.memory.learn, self._names, self._slice_of, self._tables
-        for fid, size, secs in zip(fids.tolist(), sizes, seconds):
-            tables[fid] = policy_table(learn(names[fid], slices[fid], (size, secs)))
+        sizes, seconds = n_f[fids] / batches, self.tick_busy[fids] / batches
+        # batches of one: each request's occupancy is the batch's seconds, exactly (a sum of n
+        # equal occupancies over n differs in its last bits from tick to tick)
+        seconds = np.where(sizes == 1.0, self._occupancy[fids], seconds)
+        moved = (sizes != self._settled[fids, 0]) | (seconds != self._settled[fids, 1])
+        learn, known, names, slices, tables = self.memory.learn, self.memory.batch, self._names, self._slice_of, \
+            self._tables
+        settled = self._settled
+        for fid, size, secs in zip(fids[moved].tolist(), sizes[moved].tolist(), seconds[moved].tolist()):
+            before = known.get(names[fid])
+            table = learn(names[fid], slices[fid], (size, secs))
+            settled[fid] = (size, secs) if before is not None and before[1] == table else (math.nan, math.nan)
+            tables[fid] = policy_table(table)
 
     def _count_cold_starts(self, a: np.ndarray, f: np.ndarray) -> None:
         """A start from zero that a request of the tick (or one held before) waited for, i.e.
@@ -723,9 +736,11 @@ class Simulation:
     # ------------------------------------------------------------------ decisions
 
     def _deploy_looks(self, now: float) -> None:
-        """The first look at every function, at its deploy (t=0), as the live loop looks at every
-        registered function each tick: between ticks, so only its replicas are known."""
-        for fid in range(len(self.profiles)):
+        """The first look at every function at zero, at its deploy (t=0), as the live loop looks
+        at every registered function: nothing measured yet. One warm-started was deployed before
+        the trace (as if it had been running): its first look is the first tick's, with that
+        tick's measurements (a look at t=0 would read a window of no traffic that never was)."""
+        for fid in np.flatnonzero(self.n_srv == 0).tolist():
             self._decide(fid, now, activator_queue=0)
 
     def _measure_cold(self, fids) -> None:
@@ -817,6 +832,7 @@ class Simulation:
             # the live loop forgets it at its next look (loop.Memory.learn)
             self._slice_of[fid] = decision.slice_fraction
             self._tables[fid] = policy_table(self.memory.learn(self._names[fid], decision.slice_fraction, None))
+            self._settled[fid] = math.nan
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return

@@ -818,3 +818,14 @@ def test_shoal_fixed_keeps_its_slices():
         result[name] = (sim.run(), sim._slice_of[0])
     assert result["shoal"][1] == 0.125 and result["shoal-fixed"][1] == 0.25
     assert result["shoal"][0]["served"] == result["shoal-fixed"][0]["served"] == 30
+
+
+def test_cli_starts_cold_on_request(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    rc = cli.main(["--trace", "poisson", "--rate", "5", "--functions", "2", "--seconds", "10", "--policy",
+                   "shoal-fixed,static", "--warmup-s", "0", "--start", "cold", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"]["start"] == "cold" and result["policies"]["shoal-fixed"]["start"] == "cold"
+    assert result["policies"]["shoal-fixed"]["cold_starts"] >= 2  # each function's first request waits
+    assert "start cold" in capsys.readouterr().out
