@@ -135,6 +135,12 @@ class Memory:
         self.cold.clear()
 
 
+def policy_table(table: BatchTable) -> BatchTable:
+    """A learned table as decide() reads it: one of a single size says nothing of how a batch
+    grows, so none until two (the simulator reads its learned tables the same way)."""
+    return table if len(table) > 1 else ()
+
+
 class LoopMetrics:
     def __init__(self, registry: CollectorRegistry, policy: str):
         self.replicas = Gauge("shoal_function_replicas", "Replicas by state", ["function", "state"], registry=registry)
@@ -205,13 +211,13 @@ class Loop:
         return Target(spec, revision, decision.desired, decision)
 
     def _complete(self, name: str, spec: FunctionSpec, fleet: Fleet, reading: Reading) -> MetricsSnapshot:
-        """The reading with what the loop learned: batch latencies (a table of one size says
-        nothing of how a batch grows, so none until two), the cold start, the slice."""
+        """The reading with what the loop learned: batch latencies (policy_table), the cold
+        start, the slice."""
         slice_fraction = float(self.scaler.slice_for(spec))
         table = self.memory.learn(name, slice_fraction, reading.batch)
         cold_s = fleet.started_s if fleet.started_s is not None else self.memory.cold.latest.get(name)
         return reading.snapshot._replace(slice_fraction=slice_fraction, cold_start_s=cold_s,
-                                         batch_latency_s=table if len(table) > 1 else ())
+                                         batch_latency_s=policy_table(table))
 
     def _record(self, targets: dict[str, Target], changed: dict[str, int]) -> None:
         """An event and a count only when something was done."""

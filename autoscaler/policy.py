@@ -66,6 +66,7 @@ class PolicyConfig:
     periodic_max_cv: float = 0.1  # gaps this regular make a timer
     prewarm_margin_s: float = 3.0  # warm this long before the expected onset (plus the cold start)
     periodic_keep_s: float = 10.0  # a timer's replica goes this long after its traffic stops
+    slice_hints: bool = True  # ask for a larger or smaller slice (off: replicas keep the slice they start on)
     slice_hot_duty: float = 0.85
     slice_cold_duty: float = 0.15
     slice_window_s: float = 300.0  # duty averaged (EWMA time constant) and changes spaced by this
@@ -561,7 +562,7 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     slice -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target -> 1/8.
     `state` holds this snapshot's duty sample already (decide() records it)."""
     current_slice = snapshot.slice_fraction
-    if current_slice is None or state.duty_avg is None or snapshot.ready == 0:
+    if not config.slice_hints or current_slice is None or state.duty_avg is None or snapshot.ready == 0:
         return decision, state
     if state.slice_at is not None and now - state.slice_at < config.slice_window_s:
         return decision, state

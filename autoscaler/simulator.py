@@ -2,11 +2,12 @@
 request of a trace, in decision ticks (1 s by default, the controller's): requests for a function
 at zero are held and the policy asked at once, as the gateway pokes; each tick's requests are
 served exactly per request for a deterministic service time (one segmented cummax over all
-servers, in numpy); every function with replicas or held requests gets a `MetricsSnapshot` and a
-look of its policy (a tick's looks in one call, `autoscaler.looks`); replicas are placed and
-removed by the placement package. `replica_slice_seconds` is the sum over replicas of (share of a
-GPU) x (seconds held, starting included). Every GPU here is simulated: no figure from this
-module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
+servers, in numpy); every function is looked at at its deploy (t=0), then each tick while it has
+replicas or held requests: a `MetricsSnapshot` with only what the controller would know (batch
+latencies learned from the batches run, the cold start once measured) and a look of its policy (a
+tick's looks in one call, `autoscaler.looks`); replicas are placed and removed by the placement
+package. `replica_slice_seconds` is the sum over replicas of (share of a GPU) x (seconds held,
+starting included). Every GPU here is simulated: no figure from this module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
 docs/design/simulator.md.
 """
 
@@ -17,7 +18,7 @@ import heapq
 import math
 import time as _time
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Callable, Protocol
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve
+from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import MetricsSnapshot
 from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
@@ -107,6 +109,7 @@ class SimConfig:
 class SimPolicy(Protocol):
     name: str
     reactive: bool  # decides from metrics; False: a schedule known in advance
+    default_cold_start_s: float  # the cold start its decide() assumes until one is measured
 
     def cold_start_s(self, profile: Profile) -> float: ...
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision: ...
@@ -118,6 +121,9 @@ class SimPolicy(Protocol):
 
 class _Reactive:
     reactive = True
+    # what decide() reads for a snapshot without a measured cold start (Shoal's lead_s; the
+    # baselines read none)
+    default_cold_start_s = DEFAULT_CONFIG.default_cold_start_s
 
     def __init__(self, name: str, step: Callable, initial: Callable[[], object]):
         self.name, self._step, self._initial = name, step, initial
@@ -154,11 +160,13 @@ class ShoalPolicy(_Reactive):
     (the default): policy.py and looks.py compiled by mypyc in one group (autoscaler.native), the
     same sources, several times faster; where they cannot be built the interpreted modules run
     instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
-    interpreter runs them, the reference a compiled run is checked against."""
+    interpreter runs them, the reference a compiled run is checked against. `name`: the
+    policy's line in a comparison (shoal-fixed: slice hints off)."""
 
-    def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True):
-        super().__init__("shoal", self._step, PolicyState)
+    def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True, name: str = "shoal"):
+        super().__init__(name, self._step, PolicyState)
         self.config = config
+        self.default_cold_start_s = config.default_cold_start_s
         self.module, self.looks, self.engine = policy, looks, "interpreted"
         if compiled:
             try:
@@ -227,6 +235,7 @@ class Scheduled:
     """A baseline whose replica counts per tick are known before the run."""
 
     reactive = False
+    default_cold_start_s = 0.0
 
     def __init__(self, name: str, changes: dict[int, list[tuple[int, int]]]):
         self.name, self.changes = name, changes
@@ -303,8 +312,12 @@ class Simulation:
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         n = len(profiles)
         self.specs = [p.spec() for p in profiles]
-        self.cold = np.array([policy.cold_start_s(p) for p in profiles])
-        self._cold = self.cold.tolist()  # the same, as Python floats for per-function reads
+        self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
+        # the cold start the policy reads, per function: as shoal up measures it (create to ready
+        # of the newest replica, kept once measured); until then the policy's own default, which
+        # decide() also reads for the None the live loop passes (policy.lead_s)
+        self._cold = [float(policy.default_cold_start_s)] * n
+        self._measured = np.zeros(n, bool)
         self.slo_s = np.array([p.slo_ms / 1000.0 for p in profiles])
         self.max_batch = np.array([p.max_batch for p in profiles])
         self._slice_of = [float(p.slice_fraction) for p in profiles]  # per function, the slice new replicas get
@@ -326,8 +339,17 @@ class Simulation:
         self.held: dict[int, list[float]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
-        self._batch_tables: dict[tuple, tuple[tuple[float, float], ...]] = {}  # shared by (profile, speed)
-        self._tables = [self._batch_table(fid) for fid in range(n)]  # per function, kept as its replicas change
+        # batch latencies as the controller learns them (loop.Memory): none until its replicas ran
+        # batches, forgotten when its slice changes
+        self.memory = Memory()
+        self._tables: list[tuple[tuple[float, float], ...]] = [()] * n
+        self._batching = self.max_batch > 1  # a model that never batches learns only size 1: no table
+        # per function, a window whose learning changed nothing (NaN: none): the same window again
+        # changes nothing either, so it is not learned again (most of a large population's are)
+        self._settled = np.full((n, 2), np.nan)
+        # a start from zero is a cold start once a request waits for it (arrives before its
+        # first replica is ready), as the gateway counts one: per function, until when
+        self._wait_until = np.full(n, -np.inf)
         # what a tick's looks read of every function: these very lists and dict, as they change
         self._functions = looks.Functions(self._names, self.specs, self._cold, self._slice_of, self._tables, self.held)
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
@@ -343,11 +365,14 @@ class Simulation:
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
         self.requests = self.served = self.within_slo = self.timed_out = 0
-        self.cold_requests = self.starts = self.unplaceable = 0
+        self.cold_requests = self.starts = self.cold_starts = self.unplaceable = 0
         self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
         self.reasons: dict[str, int] = {}
-        for fid, count in (initial or {}).items():  # already warm when the trace starts
+        # "warm": started before the trace as if running (not counted as starts); "cold": all at zero
+        self.start = "scheduled" if not policy.reactive else "cold" if initial is None else "warm"
+        for fid, count in (initial or {}).items():
             self._start(fid, count, -float(self.cold[fid]))
+        self.starts = 0
 
     # ------------------------------------------------------------------ run
 
@@ -373,6 +398,8 @@ class Simulation:
             raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")
         warm_ticks = round(self.config.warmup_s / dt)
         start = 0
+        if self.policy.reactive:
+            self._deploy_looks(0.0)
         for k in range(ticks):
             t0, t1 = k * dt, (k + 1) * dt
             if k == warm_ticks and k > 0:
@@ -384,6 +411,7 @@ class Simulation:
             self.requests += len(a)
             self._wake(t1)
             a, f = self._hold_cold(a, f, t0)
+            self._count_cold_starts(a, f)
             self._serve(a, f, t0, t1)
             self._expire_held(t1)
             if self.policy.reactive:
@@ -400,6 +428,7 @@ class Simulation:
         the boundary are, since they are counted when they are answered or time out)."""
         self.hist[:] = 0
         self.served = self.within_slo = self.timed_out = self.cold_requests = self.starts = self.unplaceable = 0
+        self.cold_starts = 0
         self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
         self.reasons = {}
         self.requests = sum(len(v) for v in self.held.values())
@@ -414,7 +443,8 @@ class Simulation:
             "replica_slice_seconds": round(float(self.slice_seconds), 3),
             "replica_seconds": round(self.replica_seconds, 3),
             "whole_gpu_seconds": round(self.gpu_seconds, 3),
-            "cold_starts": self.starts, "cold_start_requests": self.cold_requests,
+            "start": self.start, "cold_starts": self.cold_starts, "replica_starts": self.starts,
+            "cold_start_requests": self.cold_requests,
             "unplaceable": self.unplaceable, "decisions": dict(sorted(self.reasons.items())),
             "wall_s": round(wall_s, 3),
         }
@@ -495,8 +525,9 @@ class Simulation:
             a, f = a[~mask], f[~mask]
         if len(a):
             parts.append(self._serve_interleaved(a, f, t0, slots, offset, service, latency_extra))
-        f, latency, s = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
+        f, latency, s, rows = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
         self._account(f, latency, s, n_f)
+        self._learn_batches(f, rows, n_f)
 
     def _serve_interleaved(self, a, f, t0, slots, offset, service, latency_extra):
         """Request k of a function's tick goes to its server k mod c (servers by free time),
@@ -518,6 +549,7 @@ class Simulation:
         u = np.maximum(cm, floor)
         done = t0 + u + (r + 1) * s
         extra = latency_extra[f]
+        rows = self._batch[f]  # each request's batch, in rows
         if self.batch_backlog:
             # a batcher runs what is queued: a request with requests queued ahead of it on its
             # replica rides in a batch of them (up to the largest), cheaper per request; one
@@ -530,6 +562,7 @@ class Simulation:
                 lat = self._latency_of(batch, f) * (s + extra) / self._latency_of(tick_batch, f)  # on its slice
                 s = np.where(grown, lat / batch, s)
                 extra = np.where(grown, lat - s, extra)
+                rows = batch
                 starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
                 total = np.cumsum(s)
                 before = total - s - np.repeat((total - s)[starts], np.diff(np.r_[starts, len(s)]))
@@ -537,7 +570,7 @@ class Simulation:
                 done = t0 + np.maximum(cm, floor) + before + s
         last = np.flatnonzero(np.r_[g[1:] != g[:-1], True])
         srv.free[slots[g[last]]] = done[last]
-        return f, done - a + extra, s
+        return f, done - a + extra, s, rows
 
     def _serve_one_by_one(self, a, f, slots, offset, service, latency_extra):
         """Earliest-free replica first, one request at a time (a heap per function). With
@@ -546,6 +579,7 @@ class Simulation:
         srv = self.servers
         latency = np.empty(len(a))
         occupied = service[f].copy()
+        rows = self._batch[f]  # a copy (fancy indexing): each request's batch, in rows
         bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True])
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             fid = int(f[lo])
@@ -559,18 +593,18 @@ class Simulation:
                 s_i, extra_i = s, extra
                 if costs is not None and free > arrival:
                     ahead = int((free - arrival) / s + 1e-9)
-                    s_i, extra_i = costs[min(ahead, len(costs) - 1)]
+                    s_i, extra_i, rows[i] = costs[min(ahead, len(costs) - 1)]
                     occupied[i] = s_i
                 done = (free if free > arrival else arrival) + s_i
                 heapq.heapreplace(heap, (done, slot))
                 latency[i] = done - arrival + extra_i
             for free, slot in heap:
                 srv.free[slot] = free
-        return f, latency, occupied
+        return f, latency, occupied, rows
 
-    def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float]] | None:
-        """(occupancy, rest of the batch) for a request with 0, 1, ... requests ahead of it:
-        a batch of max(the tick's batch, ahead + 1) rows, up to the largest; None when the
+    def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float, float]] | None:
+        """(occupancy, rest of the batch, rows) for a request with 0, 1, ... requests ahead of
+        it: a batch of max(the tick's batch, ahead + 1) rows, up to the largest; None when the
         function's batches cannot grow."""
         top, tick_batch = int(self.max_batch[fid]), float(self._batch[fid])
         if tick_batch >= top:
@@ -578,7 +612,8 @@ class Simulation:
         scale = (s + extra) / float(self._latency_of(np.array([tick_batch]), np.array([fid]))[0])  # the slice
         rows = np.maximum(tick_batch, np.arange(1, top + 1, dtype=float))
         lat = self._latency_of(rows, np.full(top, fid)) * scale
-        return [(s, extra) if b <= tick_batch else (float(x / b), float(x - x / b)) for b, x in zip(rows, lat)]
+        return [(s, extra, tick_batch) if b <= tick_batch else (float(x / b), float(x - x / b), float(b))
+                for b, x in zip(rows.tolist(), lat.tolist())]
 
     def _service_times(self, n_f: np.ndarray, slots: np.ndarray, t0: float, dt: float) -> tuple[np.ndarray, np.ndarray]:
         """Per function: seconds a request occupies a replica, and the rest of its batch's latency.
@@ -660,7 +695,60 @@ class Simulation:
         rank = first + np.ceil(0.95 * n_f[present]).astype(np.int64) - 1
         self.tick_p95[present] = latency[order][rank]
 
+    def _learn_batches(self, f: np.ndarray, rows: np.ndarray, n_f: np.ndarray) -> None:
+        """What the controller learns of the tick's batches, per batching function that ran any:
+        its window as metrics.batch_window reads a replica's counters (requests per batch,
+        seconds per batch: a request is 1/rows of a batch, its occupancy its share of the
+        batch's seconds, on the slice it ran on), learned by loop.Memory.learn on the slice new
+        replicas get (a table learned on another is dropped there). E.g. 40 requests, 8 in
+        batches of 1 (4 ms) and 32 in batches of 8 (6 ms): 8 + 4 = 12 batches, (40 / 12,
+        (8 x 4 + 4 x 6) / 12 ms) = (3.33, 4.67 ms)."""
+        fids = np.flatnonzero((n_f > 0) & self._batching)
+        if not len(fids):
+            return
+        batches = np.bincount(f, weights=1.0 / rows, minlength=len(n_f))[fids]
+        sizes, seconds = n_f[fids] / batches, self.tick_busy[fids] / batches
+        # batches of one: each request's occupancy is the batch's seconds, exactly (a sum of n
+        # equal occupancies over n differs in its last bits from tick to tick)
+        seconds = np.where(sizes == 1.0, self._occupancy[fids], seconds)
+        moved = (sizes != self._settled[fids, 0]) | (seconds != self._settled[fids, 1])
+        learn, known, names, slices, tables = self.memory.learn, self.memory.batch, self._names, self._slice_of, \
+            self._tables
+        settled = self._settled
+        for fid, size, secs in zip(fids[moved].tolist(), sizes[moved].tolist(), seconds[moved].tolist()):
+            before = known.get(names[fid])
+            table = learn(names[fid], slices[fid], (size, secs))
+            settled[fid] = (size, secs) if before is not None and before[1] == table else (math.nan, math.nan)
+            tables[fid] = policy_table(table)
+
+    def _count_cold_starts(self, a: np.ndarray, f: np.ndarray) -> None:
+        """A start from zero that a request of the tick (or one held before) waited for, i.e.
+        arrived before its first replica was ready: one cold start, as the gateway counts a
+        replica ready while requests wait (serving/gateway.py add_endpoint)."""
+        if not len(a):
+            return
+        waited = a < self._wait_until[f]
+        if waited.any():
+            fids = np.unique(f[waited])
+            self.cold_starts += len(fids)
+            self._wait_until[fids] = -np.inf
+
     # ------------------------------------------------------------------ decisions
+
+    def _deploy_looks(self, now: float) -> None:
+        """The first look at every function at zero, at its deploy (t=0), as the live loop looks
+        at every registered function: nothing measured yet. One warm-started was deployed before
+        the trace (as if it had been running): its first look is the first tick's, with that
+        tick's measurements (a look at t=0 would read a window of no traffic that never was)."""
+        for fid in np.flatnonzero(self.n_srv == 0).tolist():
+            self._decide(fid, now, activator_queue=0)
+
+    def _measure_cold(self, fids) -> None:
+        """These functions have had a replica ready: their cold start is measured (create to
+        ready, as shoal up's backend times it) and the policy reads it from now on."""
+        for fid in fids:
+            self._cold[fid] = float(self.cold[fid])
+            self._measured[fid] = True
 
     def _wake(self, t1: float) -> None:
         while self.wakes and self.wakes[0][0] < t1:
@@ -675,6 +763,9 @@ class Simulation:
         live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
+        fresh = np.flatnonzero((ready > 0) & ~self._measured)
+        if len(fresh):
+            self._measure_cold(fresh.tolist())
         self._look_each(live, ready[live], t1)
         waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
         self._look_each(waiting, ready[waiting], t1)
@@ -708,10 +799,12 @@ class Simulation:
         """A look between ticks (a request held, a pre-warm due): only the held requests are known."""
         mine = self.slots[fid]
         ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
+        if ready and not self._measured[fid]:
+            self._measure_cold((fid,))
         self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                         activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                         slice_fraction=self._slice_of[fid],
-                                        batch_latency_s=self._tables[fid]),  # known, as the controller keeps it
+                                        batch_latency_s=self._tables[fid]),  # as learned so far
                    now)
 
     def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
@@ -733,29 +826,13 @@ class Simulation:
             if wake is not None and wake > now:
                 heapq.heappush(self.wakes, (wake, fid))
 
-    def _batch_table(self, fid: int) -> tuple[tuple[float, float], ...]:
-        """The profile's batch latencies on the slices of the function's replicas (their mean
-        speed), as the controller learns them from the replicas' batches: what a real policy
-        knows after some traffic; without replicas, on the slice new ones will get. After a
-        slice hint, replicas on the old slice still serve, so the table follows the replicas:
-        it is made again when they change (_start, _stop), not at each look."""
-        mine = self.slots[fid]
-        if mine:
-            speed = self.servers.speed
-            key_speed = round(sum(speed[x] for x in mine) / len(mine), 6) if len(mine) > 1 else float(speed[mine[0]])
-        else:
-            key_speed = self.profiles[fid].ref_slice / self._slice_of[fid]
-        profile = self.profiles[fid]
-        key = (profile.latency_ms, key_speed)
-        table = self._batch_tables.get(key)
-        if table is None:
-            table = tuple((float(b), ms / 1000.0 * key_speed) for b, ms in profile.latency_ms)
-            table = self._batch_tables[key] = table if len(table) > 1 else ()
-        return table
-
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
-        if decision.slice_fraction is not None:
+        if decision.slice_fraction is not None and decision.slice_fraction != self._slice_of[fid]:
+            # new replicas get the new slice; what was learned on the old one is forgotten, as
+            # the live loop forgets it at its next look (loop.Memory.learn)
             self._slice_of[fid] = decision.slice_fraction
+            self._tables[fid] = policy_table(self.memory.learn(self._names[fid], decision.slice_fraction, None))
+            self._settled[fid] = math.nan
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
             return
@@ -770,6 +847,8 @@ class Simulation:
         fraction = self._slice_of[fid]
         memory = int(self.config.gpu_memory_mib * fraction)
         name = self._names[fid]
+        if not self.slots[fid]:  # from zero: a cold start if a request waits for it (_count_cold_starts)
+            self._wait_until[fid] = now + float(self.cold[fid])
         for _ in range(count):
             self._ids += 1
             replica = f"{name}-{self._ids}"
@@ -782,7 +861,6 @@ class Simulation:
             self.replica_slot[replica], self.slot_replica[slot] = slot, replica
             self.n_srv[fid] += 1
             self.starts += 1
-        self._tables[fid] = self._batch_table(fid)
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
@@ -799,11 +877,12 @@ class Simulation:
             del self.slot_replica[slot]
             # a removed replica finishes what it has queued: its slice is charged until then
             self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
+            if srv.ready_at[slot] <= now and not self._measured[fid]:
+                self._measure_cold((fid,))  # it was ready before it went
             self.cluster.release(replica)
             srv.remove(slot)
             self.slots[fid].remove(slot)
             self.n_srv[fid] -= 1
-        self._tables[fid] = self._batch_table(fid)
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:
@@ -910,7 +989,8 @@ def static_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
 # ---------------------------------------------------------------------- runs
 
 
-POLICIES = ("shoal", "kpa", "ray", "static", "oracle")
+POLICIES = ("shoal", "shoal-fixed", "kpa", "ray", "static", "oracle")
+STARTS = ("warm", "cold")
 
 
 def warm_start(trace: Trace, profiles: list[Profile], counts: dict[int, dict[int, int]] | None = None,
@@ -938,20 +1018,29 @@ def assign_profiles(trace: Trace, seed: int = 0, profiles: tuple[Profile, ...] =
 
 
 def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(), seed: int = 0,
-             profiles: list[Profile] | None = None, shoal_config: PolicyConfig = DEFAULT_CONFIG) -> dict:
-    """Run every policy on the same trace and functions; the JSON-ready comparison."""
+             profiles: list[Profile] | None = None, shoal_config: PolicyConfig = DEFAULT_CONFIG,
+             start: str = "warm") -> dict:
+    """Run every policy on the same trace and functions; the JSON-ready comparison. `start`:
+    every reactive policy begins "warm" (warm_start's replicas, as if it had been running) or
+    "cold" (every function at zero); the scheduled baselines follow their schedules."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policy {unknown[0]!r}: expected one or more of {', '.join(POLICIES)}")
+    if start not in STARTS:
+        raise ValueError(f"start ({start!r}) must be one of {', '.join(STARTS)}")
     profiles = profiles if profiles is not None else assign_profiles(trace, seed)
     counts = oracle_counts(trace, profiles, config.tick_s)
     makers: dict[str, Callable[[], SimPolicy]] = {
-        "shoal": lambda: ShoalPolicy(shoal_config), "kpa": kpa_policy, "ray": ray_policy,
+        "shoal": lambda: ShoalPolicy(shoal_config),
+        "shoal-fixed": lambda: ShoalPolicy(replace(shoal_config, slice_hints=False), name="shoal-fixed"),
+        "kpa": kpa_policy, "ray": ray_policy,
         "static": lambda: static_policy(counts), "oracle": lambda: oracle_policy(counts),
     }
-    initial = warm_start(trace, profiles, counts)
-    records = {name: Simulation(trace, profiles, makers[name](), config,
-                                initial if name in ("shoal", "kpa", "ray") else None).run() for name in policies}
+    initial = warm_start(trace, profiles, counts) if start == "warm" else None
+    records = {}
+    for name in policies:
+        made = makers[name]()
+        records[name] = Simulation(trace, profiles, made, config, initial if made.reactive else None).run()
     warm = round(config.warmup_s / config.tick_s)
     oracle = sum(c * profiles[fid].slice_fraction * config.tick_s
                  for fid, per in counts.items() for tick, c in per.items() if tick >= warm)
@@ -965,6 +1054,6 @@ def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
         "policies": records,
         "trace": trace.summary(),
         "cluster": {"gpus": config.gpus, "gpu_memory_mib": config.gpu_memory_mib, "tick_s": config.tick_s,
-                    "timeout_s": config.timeout_s, "warmup_s": config.warmup_s, "profiles": mix,
+                    "timeout_s": config.timeout_s, "warmup_s": config.warmup_s, "start": start, "profiles": mix,
                     "note": "simulated GPUs and simulated latency profiles: no figure here is a GPU measurement"},
     }

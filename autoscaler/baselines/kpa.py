@@ -122,6 +122,8 @@ def initial_state(config: KpaConfig = KpaConfig(), ready: int = 0, now: float = 
 
 def decide(snapshot: MetricsSnapshot, spec: ScalingSpec, state: KpaState, now: float,
            config: KpaConfig = KpaConfig()) -> tuple[ScaleDecision, KpaState]:
+    if state.desired < 0:  # no decision yet: the scale is what runs, kept as such until the grace period
+        state = replace(state, desired=snapshot.ready + snapshot.starting)
     state = replace(state, stable=state.stable.record(now, snapshot.demand),
                     panic=state.panic.record(now, snapshot.demand))
     due = state.last_tick is None or now - state.last_tick >= config.tick_s or (

@@ -2,8 +2,8 @@
 policy and writes the JSON `{"policies": {...}, "trace": {...}, "cluster": {...}}`. The GPUs and
 latency profiles are simulated: nothing it prints is a GPU measurement.
 
-    shoal simulate --trace gamma --cv 4 --policy shoal,kpa,ray,static,oracle \\
-        --gpus 8 --functions 20 --seconds 600 --seed 1 --json out.json
+    shoal simulate --trace gamma --cv 4 --policy shoal,shoal-fixed,kpa,ray,static,oracle \\
+        --gpus 8 --functions 20 --seconds 600 --seed 1 --start warm --json out.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ TRACE_OPTIONS = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from autoscaler.simulator import POLICIES
+    from autoscaler.simulator import POLICIES, STARTS
     from autoscaler.traces import TRACE_KINDS
 
     p = argparse.ArgumentParser(prog="shoal simulate", description=__doc__.split("\n\n")[0],
@@ -44,11 +44,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=8, help="simulated GPUs (default 8)")
     p.add_argument("--gpu-memory-gib", type=float, default=80.0)
     p.add_argument("--functions", type=int, default=10, help="functions in the trace (default 10)")
-    p.add_argument("--seconds", type=float, default=600.0, help="simulated seconds (default 600)")
+    p.add_argument("--seconds", type=float, help="simulated seconds (default 600; csv: up to the last timestamp)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick-s", type=float, default=1.0, help="decision interval (default 1 s, the controller's)")
     p.add_argument("--warmup-s", type=float, default=60.0,
-                   help="simulated but not counted: functions start at zero (default 60 s)")
+                   help="simulated but not counted (default 60 s)")
+    p.add_argument("--start", choices=STARTS, default="warm",
+                   help="every reactive policy starts warm (replicas as if it had been running) or cold "
+                        "(every function at zero); default warm")
     p.add_argument("--json", type=Path, help="write the comparison here")
     p.add_argument("--profile", type=Path,
                    help="a `kind: profile` YAML (e.g. functions/examples/emulated_code.yaml) every function "
@@ -74,7 +77,7 @@ def main(argv: list[str]) -> int:
                            warmup_s=args.warmup_s)
         trace = make_trace(args.trace, functions=args.functions, seconds=args.seconds, seed=args.seed, **options)
         profiles = None if args.profile is None else [profile_from(args)] * len(trace.functions)
-        result = simulate(trace, policies, config, seed=args.seed, profiles=profiles)
+        result = simulate(trace, policies, config, seed=args.seed, profiles=profiles, start=args.start)
     except (ValueError, OSError) as exc:
         print(f"shoal simulate: {exc}", file=sys.stderr)
         return 2
@@ -111,14 +114,17 @@ def profile_from(args: argparse.Namespace):
 
 def render(result: dict) -> str:
     trace = result["trace"]
+    cluster = result["cluster"]
     lines = [f"trace {trace.get('kind')}: {trace.get('requests')} requests, {trace.get('functions')} "
-             f"functions, {trace.get('duration_s')} s (simulated GPUs: {result['cluster']['gpus']})",
-             f"{'policy':<8} {'SLO met':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>9} {'slice-s':>11} {'x oracle':>8} "
-             f"{'GPU-s':>9} {'cold':>6} {'timeout':>8} {'wall s':>7}"]
+             f"functions, {trace.get('duration_s')} s (simulated GPUs: {cluster['gpus']}; reactive policies "
+             f"start {cluster.get('start', 'warm')}; cold: starts from zero a request waited for)",
+             f"{'policy':<11} {'SLO met':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>9} {'slice-s':>11} {'x oracle':>8} "
+             f"{'GPU-s':>9} {'cold':>6} {'starts':>7} {'timeout':>8} {'wall s':>7}"]
     for name, r in result["policies"].items():
-        lines.append(f"{name:<8} {r['slo_attainment'] * 100:>8.3f}% {_ms(r['p50_ms']):>8} {_ms(r['p95_ms']):>8} "
+        lines.append(f"{name:<11} {r['slo_attainment'] * 100:>8.3f}% {_ms(r['p50_ms']):>8} {_ms(r['p95_ms']):>8} "
                      f"{_ms(r['p99_ms']):>9} {r['replica_slice_seconds']:>11.1f} {_x(r.get('vs_oracle')):>8} "
-                     f"{r['whole_gpu_seconds']:>9.0f} {r['cold_starts']:>6} {r['timed_out']:>8} {r['wall_s']:>7.2f}")
+                     f"{r['whole_gpu_seconds']:>9.0f} {r['cold_starts']:>6} {r.get('replica_starts', '-'):>7} "
+                     f"{r['timed_out']:>8} {r['wall_s']:>7.2f}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""Benchmark: Shoal's policy against Knative's KPA, Ray Serve, static and the oracle.
+"""Benchmark: Shoal's policy (with and without slice resizing) against Knative's KPA, Ray Serve,
+static and the oracle.
 
     python -m loadtests.bench.policy [--quick] [--seed 1] [--json OUT]
 
@@ -34,7 +35,7 @@ from autoscaler.simulator import Simulation, ShoalPolicy, SimConfig, assign_prof
 from autoscaler.traces import make_trace
 from deploy.cli.simulate import render
 
-POLICIES = ["shoal", "kpa", "ray", "static", "oracle"]
+POLICIES = ["shoal", "shoal-fixed", "kpa", "ray", "static", "oracle"]
 WARMUP_S = 60.0
 
 

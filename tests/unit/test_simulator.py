@@ -208,7 +208,8 @@ def test_serving_one_by_one_while_a_replica_starts(arrivals, expected, path):
     record = sim.run()
     assert ms(sim.latencies) == pytest.approx(sorted(expected), abs=1e-6)
     assert sim.paths == [path]
-    assert record["served"] == len(arrivals) and record["cold_starts"] == 2  # the initial one and B
+    # B is the one replica started in the run (A was warm before it); a scale-out, no cold start
+    assert record["served"] == len(arrivals) and (record["replica_starts"], record["cold_starts"]) == (1, 0)
 
 
 @st.composite
@@ -258,13 +259,16 @@ def test_interleaved_equals_one_by_one_on_idle_servers(case):
     a, f, slots, offset, service, extra = serve_inputs(sim, a, f)
     sim.batch_backlog = False  # the two solvers, with the tick's batch alone (each grows batches its own way)
     free0 = sim.servers.free.copy()
-    f1, lat1, s1 = sim._serve_interleaved(a, f, 0.0, slots, offset, service, extra)
+    # each solver also says the batch (rows) each request rode in: what the controller learns from
+    f1, lat1, s1, rows1 = sim._serve_interleaved(a, f, 0.0, slots, offset, service, extra)
     free1 = sim.servers.free[slots].copy()
     sim.servers.free[:] = free0
-    f2, lat2, s2 = sim._serve_one_by_one(a, f, slots, offset, service, extra)
+    f2, lat2, s2, rows2 = sim._serve_one_by_one(a, f, slots, offset, service, extra)
     free2 = sim.servers.free[slots].copy()
     for x, y in zip(per_function(f1, lat1, n), per_function(f2, lat2, n)):
         np.testing.assert_allclose(x, y, rtol=0, atol=TOL)
+    for x, y in zip(per_function(f1, rows1, n), per_function(f2, rows2, n)):
+        np.testing.assert_array_equal(x, y)
     fid_of_slot = sim.servers.fid[slots]
     for x, y in zip(per_function(fid_of_slot, free1, n), per_function(fid_of_slot, free2, n)):
         np.testing.assert_allclose(x, y, rtol=0, atol=TOL)  # the same busy-until times are left behind
@@ -296,7 +300,7 @@ def test_whole_runs_match_the_one_by_one_reference(seed, policy):
 # ---------------------------------------------------------------------- 2. conservation
 
 REQUIRED_KEYS = ("requests", "served", "timed_out", "slo_attainment", "replica_slice_seconds", "whole_gpu_seconds",
-                 "cold_starts", "cold_start_requests", "p50_ms", "p95_ms", "p99_ms", "oracle_replica_slice_seconds",
+                 "cold_starts", "replica_starts", "start", "cold_start_requests", "p50_ms", "p95_ms", "p99_ms", "oracle_replica_slice_seconds",
                  "vs_oracle")
 
 CONSERVATION_CASES = [
@@ -499,7 +503,8 @@ def test_static_is_constant(replicas, duration, warmup, expected):
     assert record["replica_seconds"] == expected
     assert record["replica_slice_seconds"] == expected * 0.25
     assert record["whole_gpu_seconds"] == expected / replicas  # all on the one GPU
-    assert record["cold_starts"] == (0 if warmup else replicas)  # started at tick 0, before a warm-up
+    # started at tick 0, before a warm-up; ready at once, so no request waited: no cold start
+    assert (record["replica_starts"], record["cold_starts"]) == (0 if warmup else replicas, 0)
 
 
 def test_oracle_start_at_the_warmup_boundary_is_counted():
@@ -507,7 +512,7 @@ def test_oracle_start_at_the_warmup_boundary_is_counted():
     trace = trace_of([1.2, 1.3], duration=3.0)
     sim = Simulation(trace, [P10], oracle_policy(oracle_counts(trace, [P10], 1.0)), SimConfig(gpus=1, warmup_s=1.0))
     record = sim.run()
-    assert record["cold_starts"] == 1
+    assert (record["replica_starts"], record["cold_starts"]) == (1, 0)  # ready at t=1, before 1.2: nobody waited
     assert record["decisions"] == {"SCHEDULED": 2}  # start at t=1, stop at t=2
 
 
@@ -539,7 +544,7 @@ def test_cold_start_latency(arrival, make):
     sim = Recording(trace_of([arrival], duration=5.0), [profile], make(), SimConfig(gpus=1))
     record = sim.run()
     assert sim.latencies == pytest.approx([2.010], abs=1e-9)
-    assert record["cold_start_requests"] == 1 and record["cold_starts"] == 1
+    assert record["cold_start_requests"] == record["cold_starts"] == record["replica_starts"] == 1
     assert record["slo_attainment"] == 0.0  # 2.01 s > 1 s
     check_quantile(record["p50_ms"], sim.latencies, 0.5)
 
@@ -640,7 +645,7 @@ def test_scale_down_stops_a_starting_replica_before_a_ready_one():
     assert ms(sim.latencies) == pytest.approx([10.0, 10.0])
     (slot,) = sim.slots[0]
     assert sim.servers.ready_at[slot] <= 0.0  # the warm one stayed
-    assert record["cold_starts"] == 2
+    assert (record["replica_starts"], record["cold_starts"]) == (1, 0)  # the starting one; the warm one was before
 
 
 @pytest.mark.parametrize("path", ["interleaved", "one_by_one"])
@@ -667,3 +672,160 @@ def test_a_backlog_rides_in_larger_batches_on_either_path(path):
     assert np.all(with_backlog <= without + 0.020 + 1e-12)
     assert np.median(with_backlog) < 0.8 * np.median(without) and with_backlog[-1] < 0.8 * without[-1]
     assert busy_with < 0.8 * busy_without  # when the replicas are free again: the queue's work
+
+
+# ---------------------------------------------------------------------- 7. only what a controller knows
+
+class Scripted(S._Reactive):
+    """Reactive: asks for script(now) (a ScaleDecision) and records every snapshot it is shown."""
+
+    def __init__(self, script):
+        self.seen: list[tuple[float, object]] = []
+
+        def step(snapshot, spec, state, now):
+            self.seen.append((now, snapshot))
+            return script(now), state
+
+        super().__init__("scripted", step, lambda: None)
+
+    def at(self, now, function="f0"):
+        return [s for t, s in self.seen if t == now and s.function == function][-1]
+
+
+def on_line(size, seconds, speed):
+    """((1, 10), (8, 20)) ms is a line: L(b) = 10 + (b - 1) x 10/7 ms on the reference slice."""
+    return seconds == pytest.approx((10 + (size - 1) * 10 / 7) / 1000 * speed, abs=1e-12)
+
+
+@pytest.mark.parametrize("slice_fraction", [0.25, 0.5])
+def test_a_function_learns_the_batches_it_ran(slice_fraction):
+    """At zero, and after batches of one size, the policy sees no table (live: loop.policy_table).
+    The deploy look at 0 starts one replica (ready at 1.0); a request at 2.0 runs alone (a
+    batch of 1: 10 ms x speed); after 200 requests at 3.0 the policy sees the sizes that replica
+    ran, at its slice's latency (a 0.5 slice of a profile measured on 0.25: speed 0.5, half the
+    seconds). On 0.25:
+    requests 0-3 ride in batches of 4, then 5, 6, 7, the remaining 193 in batches of 8 (see
+    BACKLOG_BATCHES): 1 + 1/5 + 1/6 + 1/7 + 193/8 = 25.635 batches; 200 / 25.635 = 7.80 rows
+    per batch, and L(7.80) = 10 + 6.80 x 10/7 = 19.717 ms a batch."""
+    profile = Profile("b", ((1, 10.0), (8, 20.0)), slice_fraction, 0.25, cold_start_s=1.0, slo_ms=10_000)
+    policy = Scripted(lambda now: ScaleDecision(1, "S"))
+    sim = Simulation(trace_of([2.0] + [3.0] * 200, duration=5.0), [profile], policy, SimConfig(gpus=1))
+    sim.run()
+    speed = 0.25 / slice_fraction
+    assert policy.at(0.0).ready + policy.at(0.0).starting == 0  # the deploy look, at zero
+    for now in (0.0, 1.0, 2.0, 3.0):  # none yet; then one batch of 1: one size
+        assert policy.at(now).batch_latency_s == ()
+    learned_on, (first, *_) = sim.memory.batch["f0"]
+    assert learned_on == slice_fraction and first == pytest.approx((1.0, 0.010 * speed))
+    table = policy.at(4.0).batch_latency_s
+    assert len(table) == 2 and table[0] == first
+    assert all(on_line(size, secs, speed) for size, secs in table)
+    if slice_fraction == 0.25:
+        batches = 1 + 1 / 5 + 1 / 6 + 1 / 7 + 193 / 8
+        assert table[1][0] == pytest.approx(200 / batches) and table[1][1] == pytest.approx(0.019717, abs=1e-6)
+
+
+def test_a_slice_change_forgets_the_table():
+    """Batches learned on 0.25 (as above); the look at 4.0 asks for a 0.5 slice: the table is
+    dropped at once (live drops it at its next look, before deciding) and the next look sees
+    none; loop.Memory now learns on 0.5."""
+    profile = Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=1.0, slo_ms=10_000)
+    policy = Scripted(lambda now: ScaleDecision(1, "S", slice_fraction=0.5 if now >= 4 else None))
+    sim = Simulation(trace_of([2.0] + [3.0] * 200, duration=6.0), [profile], policy, SimConfig(gpus=1))
+    sim.run()
+    assert len(policy.at(4.0).batch_latency_s) == 2  # known when the slice was asked for
+    assert policy.at(5.0).batch_latency_s == () and policy.at(6.0).batch_latency_s == ()
+    assert sim.memory.batch["f0"] == (0.5, ())
+
+
+def test_the_cold_start_is_seen_once_measured():
+    """Cold start 3 s; the policy reads the default (2 s, policy.lead_s's for the None the live
+    loop passes) until a replica has been ready: asked at 0.5, ready at 3.5, so the look at
+    4.0 reads 3.0 (create to ready, as shoal up times it), and still after the function went
+    to zero at 5 and a request at 8 finds it there."""
+    profile = Profile("c", ((1, 10.0),), 0.25, 0.25, cold_start_s=3.0, slo_ms=10_000)
+    policy = Scripted(lambda now: ScaleDecision(1 if 0.5 <= now < 5 or now >= 8 else 0, "S"))
+    sim = Simulation(trace_of([0.5, 8.0], duration=12.0), [profile], policy, SimConfig(gpus=1))
+    sim.run()
+    default = S.DEFAULT_CONFIG.default_cold_start_s
+    assert default == 2.0
+    assert [policy.at(t).cold_start_s for t in (0.0, 0.5, 1.0, 2.0, 3.0)] == [default] * 5
+    assert [policy.at(t).cold_start_s for t in (4.0, 5.0, 8.0)] == [3.0] * 3
+    assert policy.at(8.0).activator_queue == 1 and policy.at(8.0).ready == 0
+
+
+def test_cold_starts_are_waited_for_starts_from_zero():
+    """Every replica start counts in replica_starts; a start from zero counts as a cold start
+    only when a request waits for it (arrives before its first replica is ready), as the
+    gateway counts one. Cold start 1 s; the schedule: 3 from zero at 0 (ready 1.0; the request
+    at 0.5 waits: cold start 1), 0 at 5; 1 at 10 (ready 11; the request at 12 waits for nothing:
+    a pre-warm), 0 at 15; 2 at 20 (ready 21; 20.5 waits: cold start 2); 3 at 22 (a scale-out).
+    Replica starts 3 + 1 + 2 + 1 = 7, cold starts 2."""
+    schedule = {0: [(0, 3)], 5: [(0, 0)], 10: [(0, 1)], 15: [(0, 0)], 20: [(0, 2)], 22: [(0, 3)]}
+    sim = Simulation(trace_of([0.5, 12.0, 20.5, 22.5], duration=25.0), [P10], Starting(schedule, cold=1.0),
+                     SimConfig(gpus=1))
+    record = sim.run()
+    assert (record["replica_starts"], record["cold_starts"]) == (7, 2)
+    assert record["served"] == 4
+
+
+def test_every_function_is_looked_at_from_its_deploy():
+    """The first look at each function is at t=0, before any request: f0's first request is at
+    3.7, f1 has none (looked at once, at its deploy; at zero with nothing held it is not asked
+    again)."""
+    policy = Scripted(lambda now: ScaleDecision(0, "S"))
+    Simulation(trace_of([3.7], duration=5.0, functions=2), [P10, P10], policy, SimConfig(gpus=1)).run()
+    firsts = {}
+    for now, snapshot in policy.seen:
+        firsts.setdefault(snapshot.function, now)
+    assert firsts == {"f0": 0.0, "f1": 0.0}
+    assert [now for now, s in policy.seen if s.function == "f1"] == [0.0]
+    assert any(now == 3.7 and s.activator_queue == 1 for now, s in policy.seen if s.function == "f0")
+
+
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_one_start_for_every_reactive_policy(monkeypatch, start):
+    """simulate(start=...) starts every reactive policy the same way and says so in the record;
+    the scheduled baselines follow their schedules. Poisson 5/s on 2 functions: warm, each
+    function has a replica when the trace starts (warm_start) and none waits; cold, each
+    function's first request waits for a start from zero."""
+    trace = make_trace("poisson", functions=2, seconds=10, seed=3, rate=5)
+    Recording.instances = []
+    monkeypatch.setattr(S, "Simulation", Recording)
+    names = ["shoal", "shoal-fixed", "kpa", "ray", "static"]
+    result = simulate(trace, names, SimConfig(gpus=2), seed=1, start=start)
+    assert result["cluster"]["start"] == start
+    for name in names[:-1]:
+        record = result["policies"][name]
+        assert record["start"] == start, name
+        assert (record["cold_starts"] >= 2) if start == "cold" else (record["cold_starts"] == 0), name
+    assert result["policies"]["static"]["start"] == "scheduled"
+    with pytest.raises(ValueError, match="start"):
+        simulate(trace, ["shoal"], SimConfig(gpus=2), start="hot")
+
+
+def test_shoal_fixed_keeps_its_slices():
+    """One lone, nearly idle replica (1 request a second of 10 ms: duty 0.01 <= 0.15, p95 10 ms
+    x 2 within the 800 ms target) with slice_window_s 5: shoal halves its slice (0.25 -> 0.125),
+    shoal-fixed (slice hints off) keeps 0.25."""
+    trace = trace_of(np.arange(0.5, 30.0, 1.0), duration=30.0)
+    profiles = [Profile("p", ((1, 10.0),), 0.25, 0.25, cold_start_s=1.0, slo_ms=1000)]
+    Recording.instances = []
+    result = {}
+    for name in ("shoal", "shoal-fixed"):
+        sim = Recording(trace, profiles, S.ShoalPolicy(S.PolicyConfig(slice_window_s=5.0, slice_hints=name == "shoal"),
+                                                       name=name), SimConfig(gpus=1))
+        result[name] = (sim.run(), sim._slice_of[0])
+    assert result["shoal"][1] == 0.125 and result["shoal-fixed"][1] == 0.25
+    assert result["shoal"][0]["served"] == result["shoal-fixed"][0]["served"] == 30
+
+
+def test_cli_starts_cold_on_request(tmp_path, capsys):
+    out = tmp_path / "o.json"
+    rc = cli.main(["--trace", "poisson", "--rate", "5", "--functions", "2", "--seconds", "10", "--policy",
+                   "shoal-fixed,static", "--warmup-s", "0", "--start", "cold", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["cluster"]["start"] == "cold" and result["policies"]["shoal-fixed"]["start"] == "cold"
+    assert result["policies"]["shoal-fixed"]["cold_starts"] >= 2  # each function's first request waits
+    assert "start cold" in capsys.readouterr().out
