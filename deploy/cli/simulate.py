@@ -2,7 +2,7 @@
 policy and writes the JSON `{"policies": {...}, "trace": {...}, "cluster": {...}}`. The GPUs and
 latency profiles are simulated: nothing it prints is a GPU measurement.
 
-    shoal simulate --trace gamma --cv 4 --policy shoal,kpa,ray,static,oracle \\
+    shoal simulate --trace gamma --cv 4 --policy shoal,kpa,kpa-tuned,ray,ray-tuned,static,oracle \\
         --gpus 8 --functions 20 --seconds 600 --seed 1 --json out.json
 """
 
@@ -80,10 +80,10 @@ def render(result: dict) -> str:
     trace = result["trace"]
     lines = [f"trace {trace.get('kind')}: {trace.get('requests')} requests, {trace.get('functions')} "
              f"functions, {trace.get('duration_s')} s (simulated GPUs: {result['cluster']['gpus']})",
-             f"{'policy':<8} {'SLO met':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>9} {'slice-s':>11} {'x oracle':>8} "
+             f"{'policy':<10} {'SLO met':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>9} {'slice-s':>11} {'x oracle':>8} "
              f"{'GPU-s':>9} {'cold':>6} {'timeout':>8} {'wall s':>7}"]
     for name, r in result["policies"].items():
-        lines.append(f"{name:<8} {r['slo_attainment'] * 100:>8.3f}% {_ms(r['p50_ms']):>8} {_ms(r['p95_ms']):>8} "
+        lines.append(f"{name:<10} {r['slo_attainment'] * 100:>8.3f}% {_ms(r['p50_ms']):>8} {_ms(r['p95_ms']):>8} "
                      f"{_ms(r['p99_ms']):>9} {r['replica_slice_seconds']:>11.1f} {_x(r.get('vs_oracle')):>8} "
                      f"{r['whole_gpu_seconds']:>9.0f} {r['cold_starts']:>6} {r['timed_out']:>8} {r['wall_s']:>7.2f}")
     return "\n".join(lines)
