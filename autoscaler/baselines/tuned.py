@@ -15,10 +15,12 @@ from autoscaler.baselines.kpa import KpaConfig
 from autoscaler.baselines.ray_serve import RayConfig
 
 # Frozen by the calibration (docs/design/baselines.md, "Calibration"): the share of a replica's
-# SLO concurrency a target asks for, and Ray's downscale delay in cold starts.
-KPA_HEADROOM = 0.5
-RAY_HEADROOM = 0.5
-RAY_DOWNSCALE_COLD_STARTS = 10.0
+# SLO concurrency a target asks for, and Ray's downscale delay in cold starts. No grid point met
+# the 99.9 % floor on every calibration trace (none does on the spike traces), so the criterion's
+# fallback chose these, the best worst-trace SLO: the most cautious headroom of the grid.
+KPA_HEADROOM = 0.02
+RAY_HEADROOM = 0.02
+RAY_DOWNSCALE_COLD_STARTS = 100.0
 
 
 def batch_latency_ms(latency_ms: Sequence[tuple[int, float]], rows: float) -> float:
