@@ -5,7 +5,12 @@ section 1; what it observes and when it decides in docs/design/baselines.md):
 - pkg/autoscaler/scaling/autoscaler.go, (*autoscaler).Scale: the decision step;
 - pkg/autoscaler/aggregation/bucketing.go, TimedFloat64Buckets: the window averages;
 - pkg/autoscaler/config/config.go, defaultConfig: the defaults;
-- pkg/reconciler/autoscaling/kpa/scaler.go, handleScaleToZero: the grace period to zero.
+- pkg/reconciler/autoscaling/kpa/scaler.go, handleScaleToZero: the grace period to zero;
+- pkg/reconciler/autoscaling/resources/target.go, ResolveMetricTarget: an annotation target T is the
+  per-pod total, and the per-pod target is T x the target utilization 0.7 (T = 10 -> 7);
+- pkg/reconciler/autoscaling/kpa/kpa.go, ReconcileKind: the activator is in the request path (SKS
+  in proxy mode) while the scale is 0 or the excess burst capacity, computed at the end of Scale
+  (autoscaler.go) from target-burst-capacity (200, config.go), is negative.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from autoscaler.metrics import MetricsSnapshot
 from autoscaler.policy import ScaleDecision
 from functions.spec import ScalingSpec
 
+TARGET_MIN = 0.01  # autoscaling.TargetMin
+
 
 @dataclass(frozen=True, slots=True)
 class KpaConfig:
-    """config-autoscaler defaults (K3)."""
+    """config-autoscaler defaults (K3). `container_concurrency_target` is the per-pod total:
+    `container-concurrency-target-default` (100), or an `autoscaling.knative.dev/target`
+    annotation, which replaces it (target.go); `target_burst_capacity` -1 keeps the activator
+    in the path always, 0 only at zero scale."""
 
     container_concurrency_target: float = 100.0
     target_utilization: float = 0.70
+    target_burst_capacity: float = 200.0
     stable_window_s: float = 60.0
     panic_window_pct: float = 10.0
     panic_threshold_pct: float = 200.0
@@ -38,13 +49,16 @@ class KpaConfig:
             raise ValueError(f"max scale rates ({self.max_scale_up_rate}, {self.max_scale_down_rate}) must be > 1")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"target_utilization ({self.target_utilization}) must be within (0, 1]")
+        if self.target_burst_capacity < 0 and self.target_burst_capacity != -1:
+            raise ValueError(f"target_burst_capacity ({self.target_burst_capacity}) must be >= 0, or -1 (unlimited)")
         if self.stable_window_s < 6 or self.scale_to_zero_grace_s <= 0:
             raise ValueError(f"stable_window_s ({self.stable_window_s}) must be >= 6 and the grace period > 0")
 
     @property
     def target(self) -> float:
-        """Per-pod target: 100 x 70 % = 70 concurrent requests."""
-        return max(1.0, self.container_concurrency_target * self.target_utilization)
+        """Per-pod target: 100 x 70 % = 70 concurrent requests; an annotation 10 -> 7. At least
+        TargetMin, 0.01 (newer target.go; older ones floored at 1)."""
+        return max(TARGET_MIN, self.container_concurrency_target * self.target_utilization)
 
     @property
     def panic_window_s(self) -> float:
@@ -111,6 +125,10 @@ class KpaState:
     desired: int = -1  # -1: no decision yet
     last_tick: float | None = None
     zero_since: float | None = None  # when the decision first reached 0 (grace period)
+    # SKS in proxy mode: a new revision's SKS starts so (no decision yet, no pods); then
+    # want == 0 or EBC < 0 at the last tick (kpa.go)
+    activator_in_path: bool = True
+    excess_burst_capacity: int = -1
 
 
 def initial_state(config: KpaConfig = KpaConfig(), ready: int = 0, now: float = 0.0) -> KpaState:
@@ -133,9 +151,32 @@ def decide(snapshot: MetricsSnapshot, spec: ScalingSpec, state: KpaState, now: f
     state = replace(state, last_tick=now)
     if state.stable.is_empty(now):
         return _hold(state, snapshot, "NO_DATA"), state  # ErrNoData: keep the previous decision
-    desired, reason, state = scale_step(snapshot.ready, state.stable.average(now), state.panic.average(now),
-                                        state, now, config)
-    return apply_bounds(desired, reason, spec, state, now, config)
+    panic = state.panic.average(now)
+    desired, reason, state = scale_step(snapshot.ready, state.stable.average(now), panic, state, now, config)
+    decision, state = apply_bounds(desired, reason, spec, state, now, config)
+    return place_activator(decision, state, excess_burst_capacity(snapshot.ready, panic, config))
+
+
+def excess_burst_capacity(ready_pods: int, panic: float, config: KpaConfig) -> int:
+    """The end of (*autoscaler).Scale: the spare requests the ready pods can take beyond a burst of
+    target-burst-capacity, from the panic average and the unfloored ready count. TBC 0 -> 0 (never
+    negative), -1 -> -1 (always). E.g. annotation 4, 3 pods, 10 in flight: floor(3 x 4 - 200 - 10)
+    = -198 < 0; annotation 100, 3 pods: floor(300 - 200 - 10) = 90."""
+    if config.target_burst_capacity == 0:
+        return 0
+    if config.target_burst_capacity < 0:
+        return -1
+    return math.floor(ready_pods * config.container_concurrency_target - config.target_burst_capacity - panic)
+
+
+def place_activator(decision: ScaleDecision, state: KpaState, ebc: int) -> tuple[ScaleDecision, KpaState]:
+    """kpa.go's ReconcileKind: the activator stays in (or enters) the request path when the
+    decider wants 0 (the PA is inactive: through the grace period, and at 0) or the excess burst
+    capacity is negative; said in the decision's detail and kept in the state."""
+    in_path = decision.reason in ("HOLD", "TO_ZERO") or ebc < 0  # the decider wants 0: grace period or at 0
+    where = "activator in path" if in_path else "activator out of path"
+    detail = f"{decision.detail}; {where} (ebc {ebc})" if decision.detail else f"{where} (ebc {ebc})"
+    return decision._replace(detail=detail), replace(state, activator_in_path=in_path, excess_burst_capacity=ebc)
 
 
 def scale_step(ready_pods: int, stable: float, panic: float, state: KpaState, now: float,

@@ -12,7 +12,14 @@ import asyncio, httpx or time, nor read a clock.
 - python/ray/serve/_private/constants.py: `DEFAULT_TARGET_ONGOING_REQUESTS` (R6);
 - python/ray/serve/_private/autoscaling_state.py: `AutoscalingState.apply_bounds`,
   `get_total_num_requests` (R7);
-- python/ray/serve/_private/metrics_utils.py: `InMemoryMetricsStore.window_average` (R8).
+- python/ray/serve/_private/metrics_utils.py: `InMemoryMetricsStore.window_average` (R8);
+- python/ray/serve/_private/router.py: `RouterMetricsManager` (R9): a handle sends a replica at
+  most `max_ongoing_requests` (5 since Ray 2.32, constants.py) and queues the rest; it pushes its
+  queued count as it is, and at once when it sees 0 replicas with requests queued
+  (`should_send_scaled_to_zero_optimized_push`); replicas push the look-back average of their
+  ongoing requests every `metrics_interval_s` (10 s, config.py `DEFAULT_METRICS_INTERVAL_S`).
+  The controller sums the last pushes (simple mode, autoscaling_state.py R7 id 629402420), so
+  between pushes it decides on the same, up to 10 s old, total.
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ class RayConfig:
     look_back_period_s: float = 30.0
     upscaling_factor: float = 1.0  # None -> smoothing_factor = 1.0 in Ray
     downscaling_factor: float = 1.0
+    max_ongoing_requests: int = 5  # a deployment option, not the policy's; was 100 before Ray 2.32.0
+    metrics_interval_s: float = 10.0  # how often replicas and handles push their metrics
 
     def __post_init__(self) -> None:
-        for name in ("target_ongoing_requests", "look_back_period_s", "upscaling_factor", "downscaling_factor"):
+        if not (isinstance(self.max_ongoing_requests, int) and self.max_ongoing_requests >= 1):
+            raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be a whole number >= 1")
+        for name in ("target_ongoing_requests", "look_back_period_s", "upscaling_factor", "downscaling_factor",
+                     "metrics_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be > 0")
         for name in ("upscale_delay_s", "downscale_delay_s"):
@@ -70,9 +82,11 @@ class RayState:
     and the `_policy_state` dict (`decision_counter`, `decision_timestamp`).
     The counter's sign is the streak's direction (+ up, - down); its size counts calls."""
 
-    samples: tuple[tuple[float, float], ...] = ()  # (at, ongoing requests)
+    samples: tuple[tuple[float, float], ...] = ()  # (at, ongoing requests in the replicas)
     decision_counter: int = 0
     decision_timestamp: float | None = None
+    pushed_total: float = 0.0  # what the controller last received: replicas' average + handle's queue
+    pushed_at: float | None = None
 
 
 def decide(
@@ -82,10 +96,10 @@ def decide(
     """One call of Ray's control loop (doc section 2.3): average the metric, take
     the cold-start fast path at 0 running, else ratio -> factors -> bounds -> delays
     -> bounds. E.g. 12 ongoing on 3 running: 12 / (2 * 3) = 2 -> 6 replicas, decided
-    once 6 has been wanted for 30 s; until then the target 3 stays (HOLD)."""
-    samples = record_sample(state.samples, now, snapshot.demand, config.look_back_period_s)
-    state = replace(state, samples=samples)
-    total = window_average(samples)
+    once 6 has been wanted for 30 s; until then the target 3 stays (HOLD). The total is the
+    one last pushed (`push_metrics`)."""
+    state = push_metrics(snapshot, state, now, config)
+    total = state.pushed_total
     running, target = snapshot.ready, snapshot.ready + snapshot.starting
     if running == 0:
         return _decide_from_zero(total, target, spec, config), state
@@ -95,6 +109,28 @@ def decide(
     bounded = apply_bounds(decision, spec)
     reason = _reason(target, scaled, decision, bounded)
     return ScaleDecision(bounded, reason, _explain(total, running, raw, scaled, target, state, now, config)), state
+
+
+def split_ongoing(snapshot: MetricsSnapshot, max_ongoing_requests: int) -> tuple[float, float]:
+    """(ongoing in the replicas, queued at the handle): a running replica holds at most
+    `max_ongoing_requests`; the rest, and every request while none runs, wait at the router.
+    E.g. 14 in the system on 2 running, max 5: (10, 4)."""
+    ongoing = min(snapshot.inflight, max_ongoing_requests * snapshot.ready)
+    return ongoing, snapshot.demand - ongoing
+
+
+def push_metrics(snapshot: MetricsSnapshot, state: RayState, now: float, config: RayConfig) -> RayState:
+    """The replicas record their ongoing requests at each call; every `metrics_interval_s` the
+    controller receives their look-back average plus the handle's queue as it is then, and at
+    once when nothing runs and requests wait (the scale-from-zero push). E.g. pushed at 0 s:
+    the total stays the 0 s one through 9 s, and is pushed again at 10 s."""
+    ongoing, queued = split_ongoing(snapshot, config.max_ongoing_requests)
+    samples = record_sample(state.samples, now, ongoing, config.look_back_period_s)
+    due = (state.pushed_at is None or now - state.pushed_at + DELAY_ELAPSED_EPS_S >= config.metrics_interval_s
+           or (snapshot.ready == 0 and queued > 0))
+    if not due:
+        return replace(state, samples=samples)
+    return replace(state, samples=samples, pushed_total=window_average(samples) + queued, pushed_at=now)
 
 
 def record_sample(

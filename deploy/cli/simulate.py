@@ -2,7 +2,7 @@
 policy and writes the JSON `{"policies": {...}, "trace": {...}, "cluster": {...}}`. The GPUs and
 latency profiles are simulated: nothing it prints is a GPU measurement.
 
-    shoal simulate --trace gamma --cv 4 --policy shoal,shoal-fixed,kpa,ray,static,oracle \\
+    shoal simulate --trace gamma --cv 4 --policy shoal,shoal-fixed,kpa,kpa-tuned,ray,ray-tuned,static,oracle \\
         --gpus 8 --functions 20 --seconds 600 --seed 1 --start warm --json out.json
 """
 

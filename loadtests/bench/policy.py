@@ -1,5 +1,5 @@
-"""Benchmark: Shoal's policy (with and without slice resizing) against Knative's KPA, Ray Serve,
-static and the oracle.
+"""Benchmark: Shoal's policy (with and without slice resizing) against Knative's KPA and Ray
+Serve (as published, and tuned by the rule of autoscaler/baselines/tuned.py), static and the oracle.
 
     python -m loadtests.bench.policy [--quick] [--seed 1] [--json OUT]
 
@@ -35,7 +35,7 @@ from autoscaler.simulator import Simulation, ShoalPolicy, SimConfig, assign_prof
 from autoscaler.traces import make_trace
 from deploy.cli.simulate import render
 
-POLICIES = ["shoal", "shoal-fixed", "kpa", "ray", "static", "oracle"]
+POLICIES = ["shoal", "shoal-fixed", "kpa", "kpa-tuned", "ray", "ray-tuned", "static", "oracle"]
 WARMUP_S = 60.0
 
 
@@ -58,7 +58,7 @@ def verdicts(name: str, result: dict) -> list[str]:
     p = result["policies"]
     shoal = p["shoal"]
     lines = []
-    for other in ("kpa", "ray"):
+    for other in ("kpa", "kpa-tuned", "ray", "ray-tuned"):
         fewer = shoal["replica_slice_seconds"] < p[other]["replica_slice_seconds"]
         as_good = shoal["slo_attainment"] >= p[other]["slo_attainment"]
         ratio = shoal["replica_slice_seconds"] / p[other]["replica_slice_seconds"]

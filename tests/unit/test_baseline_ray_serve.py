@@ -28,9 +28,13 @@ SPEC = ScalingSpec(min_replicas=0, max_replicas=8)
 WIDE = ScalingSpec(min_replicas=0, max_replicas=16)  # for the doc's 10-replica cases
 DEFAULTS = RayConfig()
 HALF_DOWN = RayConfig(downscaling_factor=0.5)
-# a look-back shorter than the 0.1 s tick: the average is the current sample alone,
-# so a delay test can change the metric from one call to the next
-INSTANT = RayConfig(look_back_period_s=0.05)
+# a look-back shorter than the 0.1 s tick, pushed at every call: the average is the current
+# sample alone, so a delay test can change the metric from one call to the next (the 10 s push
+# cadence has its own tests in test_baselines_published.py)
+INSTANT = RayConfig(look_back_period_s=0.05, metrics_interval_s=0.05)
+# the look-back alone: pushed at every 1 s call, no replica full (Ray's max_ongoing_requests
+# before 2.32.0, 100), so every request counts in the replicas' average
+LOOK_BACK_ONLY = RayConfig(metrics_interval_s=1.0, max_ongoing_requests=100)
 TICK_S = 0.1  # Ray's CONTROL_LOOP_INTERVAL_S
 
 
@@ -343,10 +347,11 @@ def test_window_average_of_nothing_is_zero():
 def test_a_burst_is_diluted_by_the_look_back():
     # gotcha 7: 1 running, idle from 0 s to 28 s (one sample a second), then 60 ongoing at 29 s:
     # (29 * 0 + 60) / 30 samples = 2 -> 1 * (2 / (2 * 1)) = 1 -> raw 1 == target 1: no upscale yet
-    decisions, state = run(lambda now: snap(ready=1, inflight=60 if now >= 29 else 0), ticks(0, 29, step_s=1.0))
+    decisions, state = run(lambda now: snap(ready=1, inflight=60 if now >= 29 else 0), ticks(0, 29, step_s=1.0),
+                           config=LOOK_BACK_ONLY)
     assert len(state.samples) == 30
     assert (decisions[-1].desired, decisions[-1].reason) == (1, "STABLE")
     # at 30 s the 0 s sample is out: (28 * 0 + 60 + 60) / 30 = 4 -> raw 2 > 1: a streak starts
-    decision, _ = decide(snap(ready=1, inflight=60), SPEC, state, 30.0)
+    decision, _ = decide(snap(ready=1, inflight=60), SPEC, state, 30.0, LOOK_BACK_ONLY)
     assert (decision.desired, decision.reason) == (1, "HOLD")
     assert decision.detail.startswith("4 ongoing / (2 per replica * 1 running) = 2 -> raw 2")
