@@ -20,7 +20,7 @@ from typing import NamedTuple
 from autoscaler.metrics import MetricsSnapshot
 from functions.spec import ScalingSpec
 
-REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE")
+REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE", "RESERVE")
 EPS = 1e-9
 
 
@@ -50,10 +50,13 @@ class PolicyConfig:
     miss_budget: float = 0.001  # error budget: at most 0.1 % of requests slower than the SLO
     dispersion_window_s: float = 60.0  # the burst view reads the rate's variance averaged over this (0: off)
     budget_window_s: float = 30.0  # misses are judged over windows this long
-    budget_clean_windows: int = 10  # a spare replica goes after this many windows in a row ...
+    budget_clean_windows: int = 40  # a spare replica goes after this many windows in a row (20 min) ...
     budget_clean_share: float = 0.25  # ... under this share of the budget
     max_spare: int = 4  # spare replicas the error budget may add
     keep_alive_max_s: float = 300.0  # the idle gaps' p90 may keep a replica this long at most (0: off)
+    miss_price_slice_s: float = 20.0  # a request that misses its SLO in a cold start is worth this many
+    # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
+    reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
     gaps_kept: int = 16  # idle gaps remembered per function
     gaps_min: int = 4  # gaps needed before the keep-alive follows them
     gap_min_s: float = 2.0  # silences shorter than this are not gaps
@@ -148,6 +151,13 @@ class PolicyState(NamedTuple):
     # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
     peak: tuple[float, float] | None = None
     rps_last_at: float | None = None  # when rps_last was measured: the next difference waits for a disjoint window
+    rise: float = 0.0  # the largest rise of the need within one cold start lately, decaying ...
+    rise_at: float | None = None  # ... from this time, time constant reserve_memory_s
+    rise2: float = 0.0  # the second largest, of another burst: the reserve (a rise that recurs)
+    rise2_at: float | None = None
+    cold_cost_s: float | None = None  # what a cold start costs, in seconds of one idle replica (keep_alive_s)
+    held_max: float = 0.0  # the most requests held at once through the cold start under way
+    cold_misses: float = 0.0  # requests held through a cold start, as measured (cold starts past)
 
 
 def decide(
@@ -173,12 +183,16 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
+    rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
+    held_max, cold_misses = _held_sample(state, snapshot)
+    cold_cost_s = _cold_cost_s(state, snapshot, rate_avg, active, cold_misses, config)
     state = PolicyState(
         last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
         duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
         inflight_avg=inflight_avg, rate_at=rate_at, budget=budget, served=served, served_over=served_over,
         forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
-        peak=peak, rps_last_at=rps_last_at)
+        peak=peak, rps_last_at=rps_last_at, rise=rise, rise_at=rise_at, rise2=rise2, rise2_at=rise2_at, cold_cost_s=cold_cost_s,
+        held_max=held_max, cold_misses=cold_misses)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -321,6 +335,11 @@ def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: flo
     return max(map(_need_of, needs[start:]), default=0.0)
 
 
+def window_min(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
+    start = bisect.bisect_right(needs, window_start(now, window_s), key=_time_of)
+    return min(map(_need_of, needs[start:]), default=0.0)
+
+
 def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, float], ...], now: float,
                  window_s: float) -> tuple[float, float]:
     """(at, need) of the largest need within `window_s` of `now` (window_max's), the latest of
@@ -439,13 +458,20 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
     latest = state.needs[-1][1] if state.needs else 0.0
     trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
         if _ceil(latest * config.trend_max_boost) > current else 0.0
-    up = _ceil(max(trend, burst))
+    # the reserve: what the need has lately risen by within one cold start, on top of its low
+    # over one (raised only while traffic flows; an idle function's keep-alive is keep_alive_s's)
+    low = window_min(state.needs, now, lead_s(snapshot, config) + 1.0)
+    held = low + reserve(state, now, config) if snapshot.demand > 0 or snapshot.rps > 0 else 0.0
+    up = _ceil(max(trend, burst, held))
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
             reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by in ("slo", "budget") else "BURST")
+            if _ceil(held) > max(_ceil(trend), _ceil(burst)):
+                reason = "RESERVE"
             detail = (f"trend {trend:.2f} over the next {lead_s(snapshot, config) + 1:.0f} s" if reason == "FORECAST"
-                      else f"need {burst:.2f} replicas ({need.detail})")
+                      else f"need {low:.2f} + reserve {held - low:.2f} for a rise within a cold start"
+                      if reason == "RESERVE" else f"need {burst:.2f} replicas ({need.detail})")
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
                 state = state._replace(forecast=(now, trend))
             return ScaleDecision(desired, reason, detail), state
@@ -456,7 +482,8 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             return zero, state
     if snapshot.ready and len(snapshot.duty) < snapshot.ready and snapshot.demand == 0 and need.replicas == 0:
         return ScaleDecision(_bound(current, spec), "NO_DATA", "waiting for a second scrape"), state
-    return _scale_down(spec, state, now, current, delay_peak, config), state
+    held = window_min(state.needs, now, lead_s(snapshot, config) + 1.0) + reserve(state, now, config)
+    return _scale_down(spec, state, now, current, max(delay_peak, held), config), state
 
 
 def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now: float, idle_s: float,
@@ -489,8 +516,22 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     - else, or with fewer than gaps_min gaps: idle_to_zero_s.
     E.g. gaps 40, 55, 70, 80, 95 s: p90 (the 5th of 5) 95 x 1.1 = 104.5 s > 60 -> 104.5 s.
     Gaps 300, 400, 500, 900 s: p90 900 x 1.1 > 300; p10 300 >= 120 -> 10 s."""
-    if config.keep_alive_max_s <= 0 or state.gap_quantiles is None:
+    if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
+    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None and state.gap_quantiles is None:
+        # too few gaps to go by: keep on until the idle time has cost what a cold start would
+        return min(max(spec.idle_to_zero_s, state.cold_cost_s), max(spec.idle_to_zero_s, config.keep_alive_max_s))
+    if state.gap_quantiles is None:
+        return spec.idle_to_zero_s
+    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
+        keep = _ski_rental(state.gaps, state.cold_cost_s)
+        if keep <= 0:
+            return min(spec.idle_to_zero_s, config.periodic_keep_s)
+        if keep >= max(state.gaps):
+            # every gap seen is covered: a longer one is likely as long again as it has lasted,
+            # so keep on until the idle time has cost what a cold start would (2-competitive)
+            keep = max(keep, state.cold_cost_s)
+        return min(max(spec.idle_to_zero_s, keep), max(spec.idle_to_zero_s, config.keep_alive_max_s))
     low, high = state.gap_quantiles
     high *= 1.1
     if high <= config.keep_alive_max_s:
@@ -498,6 +539,23 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     if low >= 2 * spec.idle_to_zero_s:
         return min(spec.idle_to_zero_s, config.periodic_keep_s)
     return spec.idle_to_zero_s
+
+
+def _ski_rental(gaps: tuple[float, ...], cold_cost_s: float) -> float:
+    """The keep-alive K that costs least over the function's own idle gaps, a cold start
+    counted as `cold_cost_s` seconds of an idle replica: mean(min(gap, K)) idle seconds
+    plus cold_cost_s x the share of gaps longer than K. The best K is 0 or one of the gaps
+    (between two, the idle time grows and the cold starts stay); of equal costs the longer
+    (the SLO first). E.g. gaps 30, 40, 200 s, a cold start worth 100 s: K 0 -> 100; K 30 ->
+    30 + 2/3 x 100 = 96.7; K 40 -> (30 + 40 + 40) / 3 + 1/3 x 100 = 70; K 200 -> 90: 40 s.
+    Worth 1,000 s: K 200 -> 90, the others more: 200 s."""
+    n = len(gaps)
+    best, best_cost = 0.0, cold_cost_s
+    for k in sorted(gaps):
+        cost = sum(g if g < k else k for g in gaps) / n + cold_cost_s * sum(1 for g in gaps if g > k) / n
+        if cost <= best_cost + EPS:
+            best, best_cost = k, cost
+    return best
 
 
 def _gap_quantiles(gaps: tuple[float, ...], config: PolicyConfig) -> tuple[float, float] | None:
@@ -549,6 +607,9 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     if current > max(1, spec.min_replicas):
         high = [t for t, n in state.needs if _ceil(n) >= current]
         times.append((high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s)
+        if state.rise2_at is not None and state.rise2 > current - 1 and config.reserve_memory_s > 0:
+            # when the reserve decays below current - 1 replicas (idle: a need of 0)
+            times.append(state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
     return max(now, min(times))
 
 
@@ -689,6 +750,68 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     since = now - state.duty_last
     weight = 1.0 - math.exp(-max(0.0, since) / config.slice_window_s)
     return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
+
+
+def _rise_sample(state: PolicyState, needs: tuple[tuple[float, float], ...], now: float, horizon_s: float,
+                 config: PolicyConfig) -> tuple[float, float | None, float, float | None]:
+    """(rise, rise_at, rise2, rise2_at) after this look. A rise is how far the need went up
+    within `horizon_s` (a cold start and a look: what no scale-up can follow); the two largest
+    of different bursts are kept, decaying with time constant reserve_memory_s, and the
+    second is the reserve: a rise seen once (a one-off spike) holds nothing, one that came
+    again holds the smaller of the two. A rise within `horizon_s` of the largest's is the same
+    burst still rising. E.g. rises 1.2 at t = 12 and 0.9 at t = 300: the reserve is 0.9, and
+    at t = 600 0.9 x e^(-300/600) = 0.55."""
+    if config.reserve_memory_s <= 0:
+        return 0.0, None, 0.0, None
+    x = needs[-1][1] - window_min(needs, now, horizon_s)
+    rise, rise_at, rise2, rise2_at = state.rise, state.rise_at, state.rise2, state.rise2_at
+    if x <= 0:
+        return rise, rise_at, rise2, rise2_at
+    top = _decayed(rise, rise_at, now, config)
+    if rise_at is not None and now - rise_at <= horizon_s:
+        return max(top, x), now, rise2, rise2_at  # the largest burst, still rising
+    if x > top:
+        return x, now, top, (now if rise_at is not None else None)
+    if x > _decayed(rise2, rise2_at, now, config):
+        return rise, rise_at, x, now
+    return rise, rise_at, rise2, rise2_at
+
+
+def _decayed(value: float, at: float | None, now: float, config: PolicyConfig) -> float:
+    if at is None or value <= 0 or config.reserve_memory_s <= 0:
+        return 0.0
+    return value * math.exp(-max(0.0, now - at) / config.reserve_memory_s)
+
+
+def reserve(state: PolicyState, now: float, config: PolicyConfig) -> float:
+    """The reserve now: the second largest recent rise (of another burst), decayed."""
+    return _decayed(state.rise2, state.rise2_at, now, config)
+
+
+def _held_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float, float]:
+    """(held_max, cold_misses) after this snapshot: while no replica is ready, the most
+    requests waiting at once (held, or queued at a replica still starting); when one is, that count is a cold start's measured misses,
+    folded in: up at once, down halfway per cold start (the SLO first). E.g. 31 held, then
+    a cold start with 5: max(5, (31 + 5) / 2) = 18."""
+    if snapshot.ready == 0:
+        return max(state.held_max, snapshot.demand), state.cold_misses
+    if state.held_max <= 0:
+        return 0.0, state.cold_misses
+    sample = state.held_max
+    return 0.0, max(sample, (state.cold_misses + sample) / 2) if state.cold_misses else sample
+
+
+def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, rate_avg: float, active: bool, cold_misses: float,
+                 config: PolicyConfig) -> float | None:
+    """What a cold start of this function would cost, in seconds of one idle replica: the
+    requests that would wait through it (those held through its past cold starts, or the
+    rate while active x the cold start, at least one) x miss_price_slice_s / the replica's
+    slice. Set while traffic flows, kept through idle time. E.g. 3/s, a 2.5 s cold start,
+    20 slice-s a miss, a 1/4 slice: 7.5 x 20 / 0.25 = 600 s."""
+    if not active or config.miss_price_slice_s <= 0:
+        return state.cold_cost_s
+    misses = max(1.0, cold_misses, rate_avg * lead_s(snapshot, config))
+    return misses * config.miss_price_slice_s / (snapshot.slice_fraction or 1.0)
 
 
 def _ceil(x: float) -> int:

@@ -186,13 +186,13 @@ BUDGET_CASES = [
      (Budget(30.0, spare=1, last_over=60 / 30000), 0.0, 0.0)),
     ("spare-capped", (Budget(0.0, spare=4), 29000.0, 50.0, 29.0), snap(rps=1000, over=0.01), 30.0,
      (Budget(30.0, spare=4, last_over=60 / 30000), 0.0, 0.0)),
-    # 0 / 30,000 < 0.025 %: a clean window; the 10th in a row takes a spare away
+    # 0 / 30,000 < 0.025 %: a clean window; the 40th in a row (budget_clean_windows) takes a spare away
     ("clean-window-counted", (Budget(0.0, spare=2, clean=3), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
      (Budget(30.0, spare=2, clean=4), 0.0, 0.0)),
-    ("tenth-clean-window-lets-one-go", (Budget(0.0, spare=2, clean=9), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
+    ("fortieth-clean-window-lets-one-go", (Budget(0.0, spare=2, clean=39), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
      (Budget(30.0, spare=1, clean=0), 0.0, 0.0)),
-    ("no-spare-to-let-go", (Budget(0.0, clean=9), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
-     (Budget(30.0, clean=10), 0.0, 0.0)),
+    ("no-spare-to-let-go", (Budget(0.0, clean=39), 29000.0, 0.0, 29.0), snap(rps=1000), 30.0,
+     (Budget(30.0, clean=40), 0.0, 0.0)),
 ]
 
 

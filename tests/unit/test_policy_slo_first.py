@@ -1,0 +1,161 @@
+"""SLO first through cold starts (autoscaler.policy, issue 18): the keep-alive weighs a cold
+start's measured misses against idle slice-seconds (`_ski_rental`, `keep_alive_s`), the
+reserve holds what the need lately rose by within one cold start when such a rise came
+again (`_rise_sample`, `reserve`), and the requests held through a cold start are measured
+(`_held_sample`). Pure: `now` is a number."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoscaler.metrics import MetricsSnapshot
+from autoscaler.policy import (
+    DEFAULT_CONFIG,
+    PolicyConfig,
+    PolicyState,
+    _held_sample,
+    _rise_sample,
+    _ski_rental,
+    decide,
+    keep_alive_s,
+    quiet_until,
+    reserve,
+)
+from functions.spec import ScalingSpec
+
+SPEC = ScalingSpec()  # idle_to_zero_s 60
+
+
+def snap(ready=0, starting=0, inflight=0.0, held=0, rps=0.0, at=0.0, slice_=0.25, cold=2.5) -> MetricsSnapshot:
+    return MetricsSnapshot("f", at, ready=ready, starting=starting, inflight=float(inflight), activator_queue=held,
+                           duty=(0.0,) * ready, rps=rps, cold_start_s=cold, slice_fraction=slice_)
+
+
+SKI = [
+    # gaps, a cold start worth (s of an idle replica), the keep-alive that costs least
+    # 0 -> 100; 30 -> 30 + 2/3 x 100 = 96.7; 40 -> 110/3 + 100/3 = 70; 200 -> 270/3 = 90: 40
+    ((30.0, 40.0, 200.0), 100.0, 40.0),
+    # worth 1,000 s: 200 -> 90 beats 40 -> 36.7 + 333.3: cover every gap
+    ((30.0, 40.0, 200.0), 1000.0, 200.0),
+    # worth 5 s: every gap costs more to wait through than the cold start: 0
+    ((30.0, 40.0, 200.0), 5.0, 0.0),
+    # equal costs, the longer: gaps 10, 10; worth 10: K 0 -> 10, K 10 -> 10: 10
+    ((10.0, 10.0), 10.0, 10.0),
+]
+
+
+@pytest.mark.parametrize("gaps,worth,keep", SKI)
+def test_ski_rental_picks_the_cheapest_keep_alive(gaps, worth, keep):
+    assert _ski_rental(gaps, worth) == keep
+
+
+def state_with(gaps, cold_cost_s, **kw) -> PolicyState:
+    # gap_quantiles as decide() keeps them once gaps_min (4) are known
+    ordered = sorted(gaps)
+    quantiles = (ordered[math.ceil(0.1 * len(ordered)) - 1], ordered[math.ceil(0.9 * len(ordered)) - 1]) \
+        if len(gaps) >= DEFAULT_CONFIG.gaps_min else None
+    return PolicyState(last_active_at=0.0, gaps=tuple(gaps), gap_quantiles=quantiles, cold_cost_s=cold_cost_s, **kw)
+
+
+KEEP = [
+    # id, gaps, cold start worth, keep-alive
+    # every gap covered (200 s): then on until the idle time costs a cold start (250 s)
+    ("covers-all-then-break-even", (30.0, 40.0, 200.0, 50.0), 250.0, 250.0),
+    # capped by keep_alive_max_s (300 s)
+    ("capped", (30.0, 40.0, 200.0, 50.0), 5000.0, 300.0),
+    # cheap cold starts, long gaps: the periodic keep (10 s), under idle_to_zero_s
+    ("cheap-cold-start", (300.0, 400.0, 500.0, 900.0), 20.0, 10.0),
+    # never below idle_to_zero_s (60 s) when some gap is worth covering: gaps 20 s
+    ("floor-idle-to-zero", (20.0, 20.0, 20.0, 20.0), 100.0, 100.0),
+    # too few gaps (1 < 4): break-even at once, 120 s
+    ("few-gaps-break-even", (30.0,), 120.0, 120.0),
+    # no cold cost known (never active with a slice): idle_to_zero_s
+    ("no-cost", (), None, 60.0),
+]
+
+
+@pytest.mark.parametrize("gaps,worth,keep", [c[1:] for c in KEEP], ids=[c[0] for c in KEEP])
+def test_keep_alive_weighs_a_cold_start_against_idle_time(gaps, worth, keep):
+    assert keep_alive_s(state_with(gaps, worth), SPEC, DEFAULT_CONFIG) == pytest.approx(keep)
+
+
+def test_keep_alive_follows_the_old_rule_with_no_price():
+    # miss_price_slice_s 0: the idle gaps' p90 x 1.1 (Shahrad et al.): gaps 40..95 -> 104.5 s
+    off = PolicyConfig(miss_price_slice_s=0.0)
+    assert keep_alive_s(state_with((40.0, 55.0, 70.0, 80.0, 95.0), 1000.0), SPEC, off) == pytest.approx(104.5)
+
+
+def test_cold_cost_counts_the_requests_held_through_a_cold_start():
+    # held 1, 6, 31 while starting (31 the most), then ready: a cold start of 31 misses
+    state = PolicyState()
+    for held in (1, 6, 31):
+        held_max, misses = _held_sample(state, snap(starting=1, held=held))
+        state = state._replace(held_max=held_max, cold_misses=misses)
+    assert (state.held_max, state.cold_misses) == (31.0, 0.0)
+    held_max, misses = _held_sample(state, snap(ready=1, rps=5.0))
+    assert (held_max, misses) == (0.0, 31.0)
+    # a later cold start of 5: down halfway, (31 + 5) / 2 = 18
+    state = state._replace(held_max=5.0, cold_misses=31.0)
+    assert _held_sample(state, snap(ready=1)) == (0.0, 18.0)
+
+
+def test_decide_prices_a_cold_start_by_its_misses():
+    # 31 held through a cold start on a 1/4 slice: 31 x 20 slice-s / 0.25 = 2,480 s of an idle replica
+    state = PolicyState()
+    for t, kw in enumerate([dict(held=1), dict(starting=1, held=31), dict(ready=1, rps=31.0, inflight=2.0)]):
+        _, state = decide(snap(at=float(t), **kw), SPEC, state, float(t))
+    assert state.cold_misses == 31.0
+    assert state.cold_cost_s == pytest.approx(31 * 20.0 / 0.25)
+
+
+NEEDS_HORIZON = 3.5  # a 2.5 s cold start and a 1 s look
+
+
+def rises(needs: list[tuple[float, float]]) -> PolicyState:
+    state = PolicyState()
+    kept: tuple[tuple[float, float], ...] = ()
+    for t, n in needs:
+        kept = (kept + ((t, n),))[-40:]
+        state = state._replace(**dict(zip(("rise", "rise_at", "rise2", "rise2_at"),
+                                          _rise_sample(state, kept, t, NEEDS_HORIZON, DEFAULT_CONFIG))), needs=kept)
+    return state
+
+
+def test_a_one_off_spike_holds_no_reserve():
+    # 0.5 then 5.0 at t = 10 (a rise of 4.5), back to 0.5: seen once, nothing held
+    state = rises([(float(t), 5.0 if t == 10 else 0.5) for t in range(60)])
+    assert state.rise == pytest.approx(4.5 * math.exp(-(10 - 10) / 600))
+    assert reserve(state, 60.0, DEFAULT_CONFIG) == 0.0
+
+
+def test_a_rise_that_comes_again_holds_the_smaller():
+    # bursts at t = 10 (a rise of 4.5) and t = 100 (3.0): the reserve is 3.0, decaying
+    state = rises([(float(t), 5.0 if t == 10 else 3.5 if t == 100 else 0.5) for t in range(200)])
+    assert reserve(state, 100.0, DEFAULT_CONFIG) == pytest.approx(3.0)
+    assert reserve(state, 700.0, DEFAULT_CONFIG) == pytest.approx(3.0 * math.exp(-1.0))
+
+
+def test_a_ramp_is_one_burst():
+    # the need climbs 0.5 -> 1.5 -> 2.5 -> 3.5 over t = 10..12: one burst, no reserve yet
+    state = rises([(float(t), {10: 1.5, 11: 2.5, 12: 3.5}.get(t, 0.5)) for t in range(30)])
+    assert state.rise == pytest.approx(3.0) and reserve(state, 30.0, DEFAULT_CONFIG) == 0.0
+
+
+def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_lets_go():
+    # replicas 3, the need back at 0.5, a reserve of 3.0 from t = 100: held at ceil(0.5 + 3.0) = 4 >= 3
+    state = rises([(float(t), 5.0 if t == 10 else 3.5 if t == 100 else 0.5) for t in range(160)])
+    state = state._replace(last_active_at=159.0)
+    decision, _ = decide(snap(ready=3, rps=1.0, at=160.0), ScalingSpec(max_replicas=8), state, 160.0)
+    assert decision.desired >= 3
+    # idle at 3 replicas: the reserve falls under 2 at 100 + 600 ln(3 / 2) = 343.3 s
+    idle = state._replace(needs=((159.0, 0.0),), peak=None)
+    assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(min(159.0 + keep_alive_s(idle, SPEC, DEFAULT_CONFIG), 100.0 + 600.0 * math.log(1.5), 159.0 + 30.0))
+
+
+def test_reserve_off():
+    off = PolicyConfig(reserve_memory_s=0.0)
+    state = PolicyState()
+    kept: tuple[tuple[float, float], ...] = ((0.0, 0.5), (1.0, 5.0))
+    assert _rise_sample(state, kept, 1.0, NEEDS_HORIZON, off) == (0.0, None, 0.0, None)
