@@ -92,24 +92,31 @@ SPAWN_S = 0.5  # a replica's process start before its model loads, on top of loa
 
 
 def profile_from(args: argparse.Namespace):
+    """The simulator's Profile from the command line's --profile, --slo-ms, --slice, --cold-start-s."""
+    return load_profile(args.profile, args.slo_ms, args.slice, args.cold_start_s)
+
+
+def load_profile(path: Path, slo_ms: float = 200.0, slice_fraction: float = 0.25, cold_start_s: float | None = None):
     """The simulator's Profile from a `kind: profile` YAML, read by the emulated model's own
-    parser (serving/models/profile.py), with the SLO, slice and cold start given."""
+    parser (serving/models/profile.py), with the SLO, slice and cold start given (by default
+    the profile's load_s + SPAWN_S)."""
     import yaml
 
     from autoscaler.simulator import Profile
     from serving.models.base import LoadError
     from serving.models.profile import parse_profile
 
+    path = Path(path)
     try:
-        doc = yaml.safe_load(args.profile.read_text(encoding="utf-8"))
-        parsed = parse_profile(doc, str(args.profile))
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        parsed = parse_profile(doc, str(path))
     except (yaml.YAMLError, LoadError) as exc:
         raise ValueError(str(exc)) from None
-    cold = parsed["load_s"] + SPAWN_S if args.cold_start_s is None else args.cold_start_s
-    if cold < 0 or args.slo_ms <= 0:
-        raise ValueError(f"--cold-start-s ({cold}) must be >= 0 and --slo-ms ({args.slo_ms}) > 0")
-    return Profile(args.profile.stem, tuple(parsed["points"]), args.slice, args.slice, cold_start_s=cold,
-                   slo_ms=args.slo_ms)
+    cold = parsed["load_s"] + SPAWN_S if cold_start_s is None else cold_start_s
+    if cold < 0 or slo_ms <= 0:
+        raise ValueError(f"--cold-start-s ({cold}) must be >= 0 and --slo-ms ({slo_ms}) > 0")
+    return Profile(path.stem, tuple(parsed["points"]), slice_fraction, slice_fraction, cold_start_s=cold,
+                   slo_ms=slo_ms)
 
 
 def render(result: dict) -> str:
