@@ -455,6 +455,7 @@ class Simulation:
         self._lends = bool(getattr(policy, "lends", False))
         self._short: dict[int, int] = {}
         self._in_tick = False
+        self._asking = (-1, 0)  # a look between ticks: its function and the requests held for it
         self._fid_of = {name: i for i, name in enumerate(self._names)}
         self._rate_count, self._rate_seconds = np.zeros(n), np.zeros(n)
         self._active_at = np.full(n, -np.inf)
@@ -932,6 +933,7 @@ class Simulation:
         ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
         if ready and not self._measured[fid]:
             self._measure_cold((fid,))
+        self._asking = (fid, activator_queue)  # the requests a replica it cannot place waits for (_share_out)
         self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                         activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                         slice_fraction=self._slice_of[fid],
@@ -1058,7 +1060,7 @@ class Simulation:
             current = len(self.slots[fid])
             k = np.arange(current + 1, current + count + 1)
             ranks, values = self._ranks(np.full(count, fid), k, traffic, need)
-            waiting = len(self.held.get(fid, ()))
+            waiting = int(traffic[fid] * self.config.tick_s - self.tick_n[fid])
             asks += [Ask(self._demand(fid), r, v, waiting) for r, v in zip(ranks.tolist(), values.tolist())]
         top = max(a.rank for a in asks)
         shares = share(self.cluster, asks, self._holds(now, traffic, need, top))
@@ -1084,6 +1086,8 @@ class Simulation:
         held = np.zeros(len(self.slots))
         for fid, waiting in self.held.items():
             held[fid] = len(waiting)
+        if not self._in_tick and self._asking[0] >= 0:  # a look between ticks: its requests are not held yet
+            held[self._asking[0]] = max(held[self._asking[0]], self._asking[1])
         traffic = (self.tick_n + held) / dt
         duty = getattr(getattr(self.policy, "config", None), "max_duty", DEFAULT_CONFIG.max_duty)
         need = np.maximum(np.ceil(self.tick_busy / (dt * duty) - 1e-9), traffic > 0)
