@@ -5,15 +5,18 @@ replica's loss costs the chance that its function gets a request before its keep
 SLO during its cold start; the cheapest go first, ties in the placement's consolidating order
 (`SliceCluster.release_order`, the one scale-down uses), so whole devices go idle. Keep-alive, in
 the spirit of "Serverless in the Wild" (Shahrad et al., USENIX ATC 2020: a warm instance is kept
-while the next arrival is likely), becomes a loan of capacity nobody waits for. The scaler
-(autoscaler.replicas) does the draining and stopping. Pure: stdlib and placement; no I/O, no clock.
+while the next arrival is likely), becomes a loan of capacity nobody waits for. A full cluster is shared by the same arbiter
+(`share`): every replica ranked by what it serves (a function's floor, its need, headroom, idle),
+asks granted highest first, each taking back only lower-ranked replicas of other functions, and
+those held short said with why. The scaler (autoscaler.replicas) and the simulator act on it.
+Pure: stdlib and placement; no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from autoscaler.placement import Demand, Placement, SliceCluster, Status
 
@@ -60,8 +63,15 @@ def observe_rate(rate: Rate | None, count: float, now: float, window_s: float) -
     // e^-1 x 9.63 = 3.54 and the time 9.59 e^-1 + 120 (1 - e^-1) = 79.4 s: 0.045 per s"""
     if rate is None:
         return Rate(now, max(0.0, count), 0.0)
-    decay = math.exp(-max(0.0, now - rate.at) / window_s)
-    return Rate(now, rate.count * decay + max(0.0, count), rate.seconds * decay + window_s * (1.0 - decay))
+    return Rate(now, *decay_rate(rate.count, rate.seconds, max(0.0, count), max(0.0, now - rate.at), window_s))
+
+
+def decay_rate(count: Any, seconds: Any, added: Any, elapsed_s: float, window_s: float) -> tuple[Any, Any]:
+    """observe_rate's step on floats or numpy arrays alike (the simulator keeps every function's
+    at once): (count x decay + added, seconds x decay + window x (1 - decay)), decay = e^(-elapsed
+    / window)."""
+    decay = math.exp(-elapsed_s / window_s)
+    return count * decay + added, seconds * decay + window_s * (1.0 - decay)
 
 
 class TakeBack(NamedTuple):
@@ -101,53 +111,152 @@ def takeback_cost(idle: Idle, now: float) -> tuple[float, float, float]:
 
 def choose_takebacks(cluster: SliceCluster, wants: Sequence[Want], idle: Sequence[Idle], now: float,
                      max_scale_up_cost: float = 1.0) -> list[TakeBack]:
-    """The take-backs that let `wants` be placed, in order, on a copy of `cluster` (unchanged):
-    a want that fits as things are takes nothing; one that cannot be placed for want of room
-    (UNSCHEDULABLE) takes the cheapest set of other functions' idle replicas on one device
-    that makes room for it (a further replica of a running function only replicas costing
-    less than `max_scale_up_cost` each: less than one late request, so a busy function's
-    momentary idleness is not traded for another's extra replica); a want nothing can make
-    room for is left out. Placing `wants` in the same order after releasing the victims
-    gives the placements this found."""
+    """The take-backs that let `wants` be placed, on a copy of `cluster` (unchanged), as `share`
+    grants them: a want that fits as things are takes nothing; one that cannot be placed for want of
+    room (UNSCHEDULABLE) takes the cheapest set of other functions' idle replicas on one device that
+    makes room for it (a function's first replica whatever they cost; a further replica of a
+    running function only replicas costing less than `max_scale_up_cost` each: less than one late
+    request, so a busy function's momentary idleness is not traded for another's extra replica); a
+    want nothing can make room for is left out. First replicas go before further ones, then the
+    most requests waiting (stable); placing the grants in `share`'s order after releasing the
+    victims gives the placements this found."""
+    holds, found = idle_holds(idle, now, max_scale_up_cost)
+    shares = share(cluster, want_asks(wants), holds)
+    waiting = {w.demand.replica: w.waiting for w in wants}
+    return [TakeBack(found[v.replica][0], g.demand, waiting[g.demand.replica], *found[v.replica][1])
+            for g in shares.grants for v in g.victims]
+
+
+def idle_holds(idle: Sequence[Idle], now: float, max_scale_up_cost: float = 1.0
+               ) -> tuple[list[Hold], dict[str, tuple[Idle, tuple[float, float, float]]]]:
+    """Idle replicas as holds: IDLE when taking one costs less than `max_scale_up_cost` (less than
+    one late request), else KEPT; the value is the cost. With each one's Idle and (cost, chance,
+    misses) by replica."""
+    holds, found = [], {}
+    for i in idle:
+        cost = takeback_cost(i, now)
+        found[i.replica] = (i, cost)
+        holds.append(Hold(i.replica, i.function, IDLE if cost[0] < max_scale_up_cost else KEPT, cost[0]))
+    return holds, found
+
+
+def want_asks(wants: Sequence[Want]) -> list[Ask]:
+    """The scaler's wants as asks: a function's first replica is its FLOOR; a further one HEADROOM
+    (the scaler does not know the function's need); the requests waiting order them within."""
+    return [Ask(w.demand, FLOOR if w.first else HEADROOM, float(w.waiting), w.waiting) for w in wants]
+
+
+# ---------------------------------------------------------------------- a full cluster shared
+
+
+# What a slice serves, lowest first: a replica is taken back only for an ask of a higher rank.
+IDLE, HEADROOM, KEPT, NEED, FLOOR = range(5)
+RANKS = ("idle", "headroom", "kept", "need", "floor")
+
+
+class Hold(NamedTuple):
+    """A placed replica and what its slice serves: `rank` FLOOR (a function's one replica while
+    requests come), NEED (within the replicas its load needs), KEPT (idle, but taking it would
+    likely cost a late request), HEADROOM (above its need: the policy's headroom, reserve, spare)
+    or IDLE (idle and cheap to take); `value` orders within a rank (higher is kept first: e.g.
+    requests per second per slice it carries, or an idle one's take-back cost)."""
+
+    replica: str
+    function: str
+    rank: int
+    value: float
+
+
+class Ask(NamedTuple):
+    """A replica to place, ranked and valued as a Hold would be once placed (higher: granted
+    first), and the requests waiting for its function."""
+
+    demand: Demand
+    rank: int
+    value: float = 0.0
+    waiting: int = 0
+
+
+class Grant(NamedTuple):
+    demand: Demand
+    victims: tuple[Hold, ...]  # released before it is placed (none: it fits as things are)
+
+
+class Short(NamedTuple):
+    """An ask held short, and why."""
+
+    demand: Demand
+    rank: int
+    reason: str
+
+
+class Shares(NamedTuple):
+    grants: list[Grant]  # in the order to place them
+    short: list[Short]
+
+
+def share(cluster: SliceCluster, asks: Sequence[Ask], holds: Sequence[Hold]) -> Shares:
+    """A full cluster divided by what each slice serves: `asks` are granted highest first (rank,
+    then value; stable), on a copy of `cluster` (unchanged). One that fits takes nothing; one that
+    cannot be placed for want of room (UNSCHEDULABLE) takes, on one device, the set of other
+    functions' `holds` of a lower rank that makes room at the least loss (the lowest rank taken,
+    then the least value, then the fewest, then the consolidating order of
+    `SliceCluster.release_order`, so whole devices go idle); one nothing can make room for is held
+    short, with why. So every function with requests gets its floor before any gets a needed
+    replica, and needed replicas before headroom, each granted by value per slice. Pure."""
     scratch = cluster.copy()
-    pool = {i.replica: i for i in idle if i.replica in cluster}
-    costs = {r: takeback_cost(i, now) for r, i in pool.items()}
-    taken: list[TakeBack] = []
-    for want in wants:
-        placed = scratch.place(want.demand)
-        if isinstance(placed, Placement) or placed.status != Status.UNSCHEDULABLE:
+    pool = {h.replica: h for h in holds if h.replica in cluster}
+    grants: list[Grant] = []
+    short: list[Short] = []
+    for ask in sorted(asks, key=lambda a: (-a.rank, -a.value)):
+        placed = scratch.place(ask.demand)
+        if isinstance(placed, Placement):
+            grants.append(Grant(ask.demand, ()))
             continue
-        others = [i for i in pool.values() if i.function != want.demand.function
-                  and (want.first or costs[i.replica][0] < max_scale_up_cost)]
-        victims = _cheapest_room(scratch, want.demand, others, costs)
+        if placed.status != Status.UNSCHEDULABLE:
+            short.append(Short(ask.demand, ask.rank, f"no device can hold it: {placed.message}"))
+            continue
+        lower = [h for h in pool.values() if h.function != ask.demand.function and h.rank < ask.rank]
+        victims = _cheapest_room(scratch, ask.demand, lower)
         if victims is None:
+            short.append(Short(ask.demand, ask.rank, _why_short(ask, lower)))
             continue
         for v in victims:
             scratch.release(v.replica)
             del pool[v.replica]
-        scratch.place(want.demand)
-        taken += [TakeBack(v, want.demand, want.waiting, *costs[v.replica]) for v in victims]
-    return taken
+        scratch.place(ask.demand)
+        grants.append(Grant(ask.demand, tuple(victims)))
+    return Shares(grants, short)
 
 
-def _cheapest_room(cluster: SliceCluster, demand: Demand, candidates: list[Idle],
-                   costs: dict[str, tuple[float, float, float]]) -> list[Idle] | None:
-    """The idle replicas of one device whose release lets `demand` be placed, cheapest in
-    total; ties: fewer victims, then the device first in the consolidating order. On each
-    device the cheapest are taken first until the demand fits there."""
+def _why_short(ask: Ask, lower: list[Hold]) -> str:
+    rank = RANKS[ask.rank]
+    if not lower:
+        return f"no free slice, and every slice serves a {rank} or more (held for {rank})"
+    return (f"no free slice; the {len(lower)} replica(s) of lower rank than {rank} free no room on one "
+            f"device (held for {rank})")
+
+
+def _cheapest_room(cluster: SliceCluster, demand: Demand, candidates: list[Hold]) -> list[Hold] | None:
+    """The holds of one device whose release lets `demand` be placed, at the least loss: the
+    lowest rank taken, then the least value, then fewer victims, then the device first in the
+    consolidating order. On each device the lowest are taken first until the demand fits there."""
+    if not candidates:
+        return None
     order = {r: k for k, r in enumerate(cluster.release_order([c.replica for c in candidates]))}
-    by_device: dict[str, list[Idle]] = {}
+    by_device: dict[str, list[Hold]] = {}
     for c in candidates:
         by_device.setdefault(cluster.device_of(c.replica).id, []).append(c)
     best: tuple | None = None
     for on_device in by_device.values():
-        on_device.sort(key=lambda c: (costs[c.replica][0], costs[c.replica][1], order[c.replica]))
+        on_device.sort(key=lambda c: (c.rank, c.value, order[c.replica]))
         trial = cluster.copy()
         for n, c in enumerate(on_device, 1):
             trial.release(c.replica)
             if isinstance(trial.place(replace(demand, replica=f"{demand.replica}#trial")), Placement):
                 chosen = on_device[:n]
-                key = (sum(costs[v.replica][0] for v in chosen), n, min(order[v.replica] for v in chosen))
+                key = (max(v.rank for v in chosen), sum(v.value for v in chosen), n,
+                       min(order[v.replica] for v in chosen))
                 if best is None or key < best[0]:
                     best = (key, chosen)
                 break

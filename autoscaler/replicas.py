@@ -21,7 +21,9 @@ from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from autoscaler.lending import Idle, Rate, TakeBack, Want, choose_takebacks, observe_rate
+from autoscaler.lending import (
+    RANKS, Idle, Rate, Short, TakeBack, Want, idle_holds, observe_rate, share, want_asks,
+)
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
@@ -125,12 +127,16 @@ class ReplicaScaler:
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
         self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
+        self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from an idle replica for a "
                                  "replica that could not be placed, by function and role (took or gave)",
                                  ["function", "role"], registry=registry)
+        self.held_short = Counter("shoal_held_short", "Replicas a function wanted that the full cluster could not "
+                                  "place, by function and rank (floor, headroom: what the replica would serve)",
+                                  ["function", "rank"], registry=registry)
         allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
                           ["device", "emulated"], registry=registry)
         for device in inventory.devices:
@@ -189,34 +195,52 @@ class ReplicaScaler:
     # ------------------------------------------------------------------ starts, with slices lent back
 
     def _start(self, starts: list[tuple[str, FunctionSpec, int]]) -> None:
-        """Place this tick's new replicas, the functions with the most requests held first; one
-        that does not fit takes slices back from other functions' idle replicas (drained and
-        stopped, it starts once they are), so keep-alive holds only capacity nobody waits for."""
+        """Place this tick's new replicas as autoscaler.lending.share grants them: first replicas of
+        functions before further ones, then the most requests held first; one that does not fit
+        takes slices back from other functions' idle replicas (drained and stopped, it starts once
+        they are), so keep-alive holds only capacity nobody is waiting for. One held short is said
+        (a `held_short` event, at most every 30 s per function, and a metric)."""
         if not starts:
             return
         now = self.clock()
         first = {name for name, _, _ in starts if not self.live(name)}
-        wants = []
+        wants: dict[str, tuple[Want, FunctionSpec, int]] = {}
         for name, spec, rev in starts:
-            wants.append((Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name),
-                               name in first), spec, rev))
+            want = Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name), name in first)
+            wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
-        wants.sort(key=lambda w: -w[0].waiting)  # stable: equal ones keep the targets' order
-        takebacks: dict[str, list[TakeBack]] = {}
+        asks = want_asks([w for w, _, _ in wants.values()])
+        found: dict = {}
         if self.config.take_back:
-            starting = {name for name, _, _ in starts}
-            for tb in choose_takebacks(self.cluster, [w for w, _, _ in wants], self._idle(now, starting), now):
-                takebacks.setdefault(tb.demand.replica, []).append(tb)
-        for want, spec, revision in wants:  # in choose_takebacks' order: the placements it found
+            holds, found = idle_holds(self._idle(now, {name for name, _, _ in starts}), now)
+            shares = share(self.cluster, asks, holds)
+        else:  # nothing taken back: the same order, every ask as it fits
+            shares = share(self.cluster, asks, [])
+        for held in shares.short:
+            self._say_held_short(held, wants[held.demand.replica][0], now)
+        order = [(g.demand.replica, g.victims) for g in shares.grants] + [(h.demand.replica, ()) for h in shares.short]
+        for replica_id, victims in order:  # in share's order: the placements it found
+            want, spec, revision = wants[replica_id]
             stopping = []
-            for tb in takebacks.get(want.demand.replica, ()):
-                device = self.replicas[tb.victim.replica].placement.device
-                task = self._take_back(tb)
+            for v in victims:
+                device = self.replicas[v.replica].placement.device
+                task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
                 if not device.emulated:  # a real device's memory is free once the victim stopped
                     stopping.append(task)
-            replica = self._place(want.demand, spec, revision)
+            replica = self._place(want.demand, spec, revision)  # a short one says why it cannot be placed
             if replica is not None:
                 self._spawn_task(self._bring_up(replica, stopping))
+
+    def _say_held_short(self, held: Short, want: Want, now: float) -> None:
+        name = held.demand.function
+        self.held_short.labels(name, RANKS[held.rank]).inc()
+        if now - self.short_said.get(name, -math.inf) < 30.0:
+            return
+        self.short_said[name] = now
+        self.events("held_short", f"{name} held short of a replica ({RANKS[held.rank]}, {want.waiting} request(s) "
+                    f"waiting): {held.reason}", function=name,
+                    data={"replica": held.demand.replica, "rank": RANKS[held.rank], "reason": held.reason,
+                          "waiting": want.waiting})
 
     def _lendable(self, name: str, placed: Unplaceable) -> bool:
         """Whether a slice may yet be lent to `name`: taking back is on, room is what it lacks
@@ -433,6 +457,7 @@ class ReplicaScaler:
         for name in self._seen - set(functions):
             self.slices.pop(name, None)
             self.unplaced.pop(name, None)
+            self.short_said.pop(name, None)
             self.rates.pop(name, None)
             self.router.forget(name)
         self._seen = set(functions)

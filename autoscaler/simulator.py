@@ -26,13 +26,17 @@ import numpy as np
 
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
+from autoscaler.lending import (
+    FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
+)
 from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import MetricsSnapshot
-from autoscaler.placement import Demand, Device, SliceCluster, Unplaceable
+from autoscaler.placement import Demand, Device, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
+RATE_WINDOW_S = 120.0  # a function's request rate, for the cost of taking its idle slice (ControllerConfig's)
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
@@ -109,6 +113,7 @@ class SimConfig:
 class SimPolicy(Protocol):
     name: str
     reactive: bool  # decides from metrics; False: a schedule known in advance
+    lends: bool  # runs on Shoal's controller: idle slices lent, a full cluster shared (Simulation._share_out)
     default_cold_start_s: float  # the cold start its decide() assumes until one is measured
 
     def cold_start_s(self, profile: Profile) -> float: ...
@@ -121,6 +126,7 @@ class SimPolicy(Protocol):
 
 class _Reactive:
     reactive = True
+    lends = False  # the peers' autoscalers as published: a replica that does not fit is not placed
     # what decide() reads for a snapshot without a measured cold start (Shoal's lead_s; the
     # baselines read none)
     default_cold_start_s = DEFAULT_CONFIG.default_cold_start_s
@@ -162,6 +168,8 @@ class ShoalPolicy(_Reactive):
     instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
     interpreter runs them, the reference a compiled run is checked against. `name`: the
     policy's line in a comparison (shoal-fixed: slice hints off)."""
+
+    lends = True
 
     def __init__(self, config: PolicyConfig = DEFAULT_CONFIG, compiled: bool = True, name: str = "shoal"):
         super().__init__(name, self._step, PolicyState)
@@ -305,6 +313,7 @@ class Scheduled:
     """A baseline whose replica counts per tick are known before the run."""
 
     reactive = False
+    lends = False
     default_cold_start_s = 0.0
 
     def __init__(self, name: str, changes: dict[int, list[tuple[int, int]]]):
@@ -440,6 +449,19 @@ class Simulation:
         self.cold_requests = self.starts = self.cold_starts = self.unplaceable = 0
         self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
         self.reasons: dict[str, int] = {}
+        # a full cluster shared (Shoal's controller, policy.lends): the replicas the tick's decisions
+        # could not place, per function, granted by autoscaler.lending.share at the tick's end (at
+        # once for a look between ticks); what each function's request rate and last activity were
+        self._lends = bool(getattr(policy, "lends", False))
+        self._short: dict[int, int] = {}
+        self._in_tick = False
+        self._asking = (-1, 0)  # a look between ticks: its function and the requests held for it
+        self._fid_of = {name: i for i, name in enumerate(self._names)}
+        self._rate_count, self._rate_seconds = np.zeros(n), np.zeros(n)
+        self._active_at = np.full(n, -np.inf)
+        self.takebacks: dict[str, int] = {}  # replicas taken for another's, by what they served (lending.RANKS)
+        self.held_short: dict[str, int] = {}  # per function, replicas wanted that the full cluster could not hold
+        self.held_short_by_rank: dict[str, int] = {}
         # "warm": started before the trace as if running (not counted as starts); "cold": all at zero
         self.start = "scheduled" if not policy.reactive else "cold" if initial is None else "warm"
         for fid, count in (initial or {}).items():
@@ -503,6 +525,7 @@ class Simulation:
         self.cold_starts = 0
         self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
         self.reasons = {}
+        self.takebacks, self.held_short, self.held_short_by_rank = {}, {}, {}
         self.requests = sum(len(v) for v in self.held.values())
 
     def record(self, wall_s: float) -> dict:
@@ -518,6 +541,9 @@ class Simulation:
             "start": self.start, "cold_starts": self.cold_starts, "replica_starts": self.starts,
             "cold_start_requests": self.cold_requests,
             "unplaceable": self.unplaceable, "decisions": dict(sorted(self.reasons.items())),
+            "takebacks": dict(sorted(self.takebacks.items())),
+            "held_short": dict(sorted(self.held_short.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "held_short_by_rank": dict(sorted(self.held_short_by_rank.items())),
             "wall_s": round(wall_s, 3),
         }
 
@@ -866,9 +892,15 @@ class Simulation:
         fresh = np.flatnonzero((ready > 0) & ~self._measured)
         if len(fresh):
             self._measure_cold(fresh.tolist())
+        if self._lends:
+            self._note_activity(t1)
+        self._in_tick = True  # replicas that do not fit wait for the tick's end (_share_out)
         self._look_each(live, ready[live], t1)
         waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
         self._look_each(waiting, ready[waiting], t1)
+        self._in_tick = False
+        if self._short:
+            self._share_out(t1)
 
     def _look_each(self, fids: np.ndarray, ready: np.ndarray, now: float) -> None:
         """The policy's looks at `fids` (`ready` replicas ready at `now`) from this tick's
@@ -901,6 +933,7 @@ class Simulation:
         ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
         if ready and not self._measured[fid]:
             self._measure_cold((fid,))
+        self._asking = (fid, activator_queue)  # the requests a replica it cannot place waits for (_share_out)
         self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                         activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                         slice_fraction=self._slice_of[fid],
@@ -939,28 +972,44 @@ class Simulation:
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         if decision.desired > current:
             self._start(fid, decision.desired - current, now)
+            if self._short and not self._in_tick:  # a look between ticks: shared out at once
+                self._share_out(now)
         else:
             self._stop(fid, current - decision.desired, now)
 
     def _start(self, fid: int, count: int, now: float) -> None:
-        profile = self.profiles[fid]
-        fraction = self._slice_of[fid]
-        memory = int(self.config.gpu_memory_mib * fraction)
-        name = self._names[fid]
+        """Place `count` replicas; those that do not fit for want of room wait for _share_out when
+        the policy lends (Shoal's controller), else count as unplaceable."""
         if not self.slots[fid]:  # from zero: a cold start if a request waits for it (_count_cold_starts)
             self._wait_until[fid] = now + float(self.cold[fid])
-        for _ in range(count):
-            self._ids += 1
-            replica = f"{name}-{self._ids}"
-            placed = self.cluster.place(Demand(replica, name, Fraction(fraction).limit_denominator(64), memory, ("gpu",)))
+        for k in range(count):
+            placed = self._place(fid, self._demand(fid), now)
             if isinstance(placed, Unplaceable):
-                self.unplaceable += 1
+                if self._lends and placed.status == Status.UNSCHEDULABLE:
+                    self._short[fid] = self._short.get(fid, 0) + count - k
+                else:
+                    self.unplaceable += 1
                 break
-            slot = self.servers.add(fid, now + float(self.cold[fid]), profile.ref_slice / fraction, fraction)
-            self.slots[fid].append(slot)
-            self.replica_slot[replica], self.slot_replica[slot] = slot, replica
-            self.n_srv[fid] += 1
-            self.starts += 1
+
+    def _demand(self, fid: int) -> Demand:
+        """A new replica of `fid` on the slice its replicas get now."""
+        self._ids += 1
+        fraction = self._slice_of[fid]
+        name = self._names[fid]
+        return Demand(f"{name}-{self._ids}", name, Fraction(fraction).limit_denominator(64),
+                      int(self.config.gpu_memory_mib * fraction), ("gpu",))
+
+    def _place(self, fid: int, demand: Demand, now: float):
+        placed = self.cluster.place(demand)
+        if isinstance(placed, Unplaceable):
+            return placed
+        fraction = self._slice_of[fid]
+        slot = self.servers.add(fid, now + float(self.cold[fid]), self.profiles[fid].ref_slice / fraction, fraction)
+        self.slots[fid].append(slot)
+        self.replica_slot[demand.replica], self.slot_replica[slot] = slot, demand.replica
+        self.n_srv[fid] += 1
+        self.starts += 1
+        return placed
 
     def _stop(self, fid: int, count: int, now: float) -> None:
         srv = self.servers
@@ -973,16 +1022,119 @@ class Simulation:
             rest = self.cluster.scale_down_victims(self._names[fid], count + len(victims))
             victims += [r for r in rest if r not in chosen][:count - len(victims)]
         for replica in victims:
-            slot = self.replica_slot.pop(replica)
-            del self.slot_replica[slot]
-            # a removed replica finishes what it has queued: its slice is charged until then
-            self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
-            if srv.ready_at[slot] <= now and not self._measured[fid]:
-                self._measure_cold((fid,))  # it was ready before it went
-            self.cluster.release(replica)
-            srv.remove(slot)
-            self.slots[fid].remove(slot)
-            self.n_srv[fid] -= 1
+            self._remove(fid, replica, now)
+
+    def _remove(self, fid: int, replica: str, now: float) -> None:
+        srv = self.servers
+        slot = self.replica_slot.pop(replica)
+        del self.slot_replica[slot]
+        # a removed replica finishes what it has queued: its slice is charged until then
+        self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
+        if srv.ready_at[slot] <= now and not self._measured[fid]:
+            self._measure_cold((fid,))  # it was ready before it went
+        self.cluster.release(replica)
+        srv.remove(slot)
+        self.slots[fid].remove(slot)
+        self.n_srv[fid] -= 1
+
+    # ------------------------------------------------------------------ a full cluster shared
+
+    def _note_activity(self, now: float) -> None:
+        """Each function's request rate (lending.decay_rate over the controller's 120 s window,
+        every function at once) and when it last had requests, as ReplicaScaler notes them."""
+        dt = self.config.tick_s
+        self._rate_count, self._rate_seconds = decay_rate(self._rate_count, self._rate_seconds, self.tick_n, dt,
+                                                          RATE_WINDOW_S)
+        self._active_at[self.tick_n > 0] = now
+
+    def _share_out(self, now: float) -> None:
+        """The replicas this tick's decisions could not place, granted by autoscaler.lending.share
+        against what every placed replica serves (_holds): a function's floor first, then needed
+        replicas, then headroom, by requests per second per slice; a grant takes back lower-ranked
+        replicas of other functions (idle ones cheapest first) and is placed now. Those held short
+        are counted per function."""
+        short, self._short = self._short, {}
+        traffic, need = self._traffic_and_need()
+        asks = []
+        for fid, count in short.items():
+            current = len(self.slots[fid])
+            k = np.arange(current + 1, current + count + 1)
+            ranks, values = self._ranks(np.full(count, fid), k, traffic, need)
+            waiting = int(traffic[fid] * self.config.tick_s - self.tick_n[fid])
+            asks += [Ask(self._demand(fid), r, v, waiting) for r, v in zip(ranks.tolist(), values.tolist())]
+        top = max(a.rank for a in asks)
+        shares = share(self.cluster, asks, self._holds(now, traffic, need, top))
+        for grant in shares.grants:
+            fid = self._fid_of[grant.demand.function]
+            for victim in grant.victims:
+                loser = self._fid_of[victim.function]
+                self._remove(loser, victim.replica, now)
+                self.quiet[loser] = 0.0  # its policy is told at its next look
+                self.takebacks[RANKS[victim.rank]] = self.takebacks.get(RANKS[victim.rank], 0) + 1
+            self._place(fid, grant.demand, now)
+        for fid in {self._fid_of[h.demand.function] for h in shares.short}:
+            self.unplaceable += 1  # once per function and tick, as _start counts one
+        for held in shares.short:
+            self.held_short[held.demand.function] = self.held_short.get(held.demand.function, 0) + 1
+            self.held_short_by_rank[RANKS[held.rank]] = self.held_short_by_rank.get(RANKS[held.rank], 0) + 1
+
+    def _traffic_and_need(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per function, the requests per second of the last tick with those held, and the replicas
+        that carry its work at the policy's max duty (busy seconds / (tick x duty), at least one
+        while requests come). E.g. 0.45 s of service in a 1 s tick at duty 0.9: 1 replica; 2.0 s: 3."""
+        dt = self.config.tick_s
+        held = np.zeros(len(self.slots))
+        for fid, waiting in self.held.items():
+            held[fid] = len(waiting)
+        if not self._in_tick and self._asking[0] >= 0:  # a look between ticks: its requests are not held yet
+            held[self._asking[0]] = max(held[self._asking[0]], self._asking[1])
+        traffic = (self.tick_n + held) / dt
+        duty = getattr(getattr(self.policy, "config", None), "max_duty", DEFAULT_CONFIG.max_duty)
+        need = np.maximum(np.ceil(self.tick_busy / (dt * duty) - 1e-9), traffic > 0)
+        return traffic, need
+
+    def _ranks(self, fids: np.ndarray, k: np.ndarray, traffic: np.ndarray, need: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The rank and value of the k-th replica (1 the first) of each of `fids` that has traffic:
+        FLOOR for its first, NEED up to its need, HEADROOM above; the value the requests per second
+        it carries per slice (its share of the function's: rate / min(k, need) ... / k above
+        need). A function without traffic: IDLE, value 0 (a pre-warm fits only a free slice; an
+        idle replica's value is its take-back cost, _holds)."""
+        rate, n = traffic[fids], need[fids]
+        ranks = np.where(rate <= 0, IDLE, np.where(k == 1, FLOOR, np.where(k <= n, NEED, HEADROOM)))
+        slices = np.array([self._slice_of[f] for f in fids.tolist()])
+        values = np.where(rate > 0, rate / np.maximum(np.where(k <= n, n, k), 1) / slices, 0.0)
+        return ranks, values
+
+    def _holds(self, now: float, traffic: np.ndarray, need: np.ndarray, below: int) -> list[Hold]:
+        """What every placed replica serves, as lending.Hold, those ranked below `below` (no ask
+        can take the rest). A function's replicas count in order: ready ones oldest first, then
+        those starting, so the newest go first. One without traffic in the tick is idle: its first
+        replica ranked by the cost of taking it (lending.takeback_cost: the chance of a request
+        before the spec's keep-alive ends x its cold-start misses), IDLE under one late request
+        and KEPT above; its others IDLE at that cost / k (taking them starts nothing cold)."""
+        srv = self.servers
+        slots = np.flatnonzero(srv.alive)
+        f = srv.fid[slots]
+        order = np.lexsort((srv.ready_at[slots], f))
+        slots, f = slots[order], f[order]
+        k = np.arange(len(f)) - np.searchsorted(f, f) + 1
+        ranks, values = self._ranks(f, k, traffic, need)
+        holds = []
+        rate = self._rate_count / np.maximum(self._rate_seconds, 1.0)
+        costs: dict[int, float] = {}
+        for slot, fid, kth, r, v in zip(slots.tolist(), f.tolist(), k.tolist(), ranks.tolist(), values.tolist()):
+            if r == IDLE:  # no traffic in the tick
+                if fid not in costs:
+                    spec = self.specs[fid]
+                    costs[fid] = takeback_cost(Idle("", "", float(rate[fid]), float(self._active_at[fid]),
+                                                    spec.idle_to_zero_s, self._cold[fid], float(self.slo_s[fid])),
+                                               now)[0]
+                v = costs[fid] / kth
+                r = KEPT if kth == 1 and v >= 1.0 else IDLE
+            if r < below:
+                holds.append(Hold(self.slot_replica[slot], self._names[fid], r, v))
+        return holds
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:

@@ -38,10 +38,10 @@ PUBLISHED = {"kpa-tuned": kpa_policy, "ray-tuned": ray_policy}
 
 
 def calibration_traces(seeds: list[int]):
-    """(name, seed, trace, config): the bench's quick traces but the Azure-like population."""
+    """(name, seed, trace, config): the bench's quick synthetic traces (SYNTHETIC)."""
     for seed in seeds:
         for name, options, config in scenarios(quick=True):
-            if name not in SYNTHETIC:
+            if name not in SYNTHETIC:  # the five shapes of the frozen calibration
                 continue
             options = dict(options)
             yield name, seed, make_trace(options.pop("kind"), seed=seed, **options), config

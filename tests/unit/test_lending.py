@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from autoscaler.lending import (
-    Idle, Rate, Want, chance_of_request, choose_takebacks, cold_start_misses, observe_rate, takeback_cost,
+    FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, Rate, Want, chance_of_request, choose_takebacks,
+    cold_start_misses, observe_rate, share, takeback_cost,
 )
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
@@ -295,3 +296,83 @@ def test_with_nothing_idle_the_waiting_requests_stay_held_for_a_later_tick():
     (unplaceable,) = [a for a, _ in events if a[0] == "unplaceable"]
     assert "waiting for an idle replica to give a slice back" in unplaceable[1]
     assert "w" not in scaler.failures  # no crash-loop back-off: a lent slice is placed at once
+
+
+# ---- a full cluster shared (share): floors first, then need, then headroom, by value per slice
+
+
+def ask(replica: str, rank: int, value: float = 1.0, fraction: str = "1/8", waiting: int = 0) -> Ask:
+    return Ask(Demand(replica, replica.split("-")[0], Fraction(fraction), 1024, ("emulated",)), rank, value, waiting)
+
+
+def hold(replica: str, rank: int, value: float = 1.0) -> Hold:
+    return Hold(replica, replica.split("-")[0], rank, value)
+
+
+# one device of 8 x 1/8: f0..f5 serve their floors, f6 and f7 hold headroom (f7's worth less)
+HOLDS = [hold(f"f{i}-1", FLOOR) for i in range(6)] + [hold("f6-1", HEADROOM, 40.0), hold("f7-1", HEADROOM, 8.0)]
+SEVEN_FLOORS = [hold(f"f{i}-1", FLOOR) for i in range(7)]  # and one slice free
+
+
+@pytest.mark.parametrize("asks, holds, granted, taken, short", [
+    pytest.param([ask("a-1", NEED, 400.0), ask("b-1", FLOOR, 8.0)], SEVEN_FLOORS, ["b-1"], [], [("a-1", "need")],
+                 id="one free slice: b's floor (8 rps/slice) before a's need (400 rps/slice)"),
+    pytest.param([ask("a-1", NEED, 80.0), ask("b-1", NEED, 160.0)], SEVEN_FLOORS, ["b-1"], [], [("a-1", "need")],
+                 id="one free slice, two needs: b's 160 rps per slice before a's 80"),
+    pytest.param([ask("a-1", NEED, 80.0)], HOLDS, ["a-1"], ["f7-1"], [],
+                 id="full: a need takes the headroom worth least (f7: 8 < f6: 40)"),
+    pytest.param([ask("a-1", NEED, 80.0), ask("b-1", NEED, 160.0), ask("c-1", NEED, 1.0)], HOLDS,
+                 ["b-1", "a-1"], ["f7-1", "f6-1"], [("c-1", "need")],
+                 id="full: two headroom replicas give way to the two best needs; the third is held short"),
+    pytest.param([ask("a-1", HEADROOM, 500.0)], HOLDS, [], [], [("a-1", "headroom")],
+                 id="headroom never takes headroom, however much it is worth"),
+    pytest.param([ask("a-1", FLOOR, 1.0)], SEVEN_FLOORS + [hold("f7-1", NEED, 99.0)],
+                 ["a-1"], ["f7-1"], [], id="a floor takes another's needed replica, never a floor"),
+    pytest.param([ask("a-1", FLOOR, 1.0)], [hold(f"f{i}-1", FLOOR) for i in range(8)], [], [], [("a-1", "floor")],
+                 id="every slice a floor: held short"),
+    pytest.param([ask("a-1", NEED, 1.0)], HOLDS[:6] + [hold("f6-1", KEPT, 3.0), hold("f7-1", IDLE, 0.5)],
+                 ["a-1"], ["f7-1"], [], id="idle and cheap goes before idle and dear"),
+    pytest.param([ask("a-1", HEADROOM, 1.0)], HOLDS[:6] + [hold("f6-1", KEPT, 3.0), hold("f7-1", HEADROOM, 0.5)],
+                 [], [], [("a-1", "headroom")], id="headroom takes neither a dear idle replica nor headroom"),
+])
+def test_share_grants_by_rank_then_value_and_says_who_is_held_short(asks, holds, granted, taken, short):
+    cluster = cluster_of(*FULL[:len(holds)])
+    shares = share(cluster, asks, holds)
+    assert [g.demand.replica for g in shares.grants] == granted
+    assert [v.replica for g in shares.grants for v in g.victims] == taken
+    assert [(s.demand.replica, RANKS[s.rank]) for s in shares.short] == short
+    assert all(f"held for {rank}" in s.reason for s, (_, rank) in zip(shares.short, short))
+    assert len(cluster) == len(holds)  # the cluster given is unchanged
+
+
+def test_share_takes_on_the_device_where_the_least_is_lost():
+    # a 1/4 needs two 1/8s on one device. emulated:0 frees them from an idle and a needed replica,
+    # emulated:1 from two headroom ones: the lowest rank taken decides (headroom < need), not the
+    # total value (0 + 5 = 5 on 0 against 30 + 30 = 60 on 1)
+    allocations = ([(f"a{i}-1", "emulated:0", "1/8") for i in range(8)]
+                   + [(f"b{i}-1", "emulated:1", "1/8") for i in range(8)])
+    holds = ([hold("a0-1", IDLE, 0.0), hold("a1-1", NEED, 5.0)] + [hold(f"a{i}-1", FLOOR) for i in range(2, 8)]
+             + [hold("b0-1", HEADROOM, 30.0), hold("b1-1", HEADROOM, 30.0)]
+             + [hold(f"b{i}-1", FLOOR) for i in range(2, 8)])
+    shares = share(cluster_of(*allocations, devices=2), [ask("w-1", FLOOR, fraction="1/4")], holds)
+    (grant,) = shares.grants
+    assert sorted(v.replica for v in grant.victims) == ["b0-1", "b1-1"] and shares.short == []
+
+
+def test_a_slice_no_device_can_hold_is_held_short_as_such():
+    (held,) = share(cluster_of(), [ask("w-1", FLOOR, fraction="3/2")], []).short
+    assert held.reason.startswith("no device can hold it")
+
+
+def test_the_scaler_says_who_was_held_short_and_why():
+    # every replica has a request in flight: w's first replica (its floor) is held short, once said
+    # within 30 s, counted each tick
+    scaler, backend, router, events = _full_scaler(take_back=True)
+    for r in scaler.replicas.values():
+        r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0)
+    _apply_w(scaler)
+    _apply_w(scaler)
+    (said,) = [(a, k) for a, k in events if a[0] == "held_short"]
+    assert said[0][1].startswith("w held short of a replica (floor, 2 request(s) waiting)")
+    assert said[1]["data"]["rank"] == "floor" and said[1]["function"] == "w"
+    assert scaler.held_short.labels("w", "floor")._value.get() == 2
