@@ -74,6 +74,7 @@ class Target:
     revision: int
     desired: int
     decision: ScaleDecision | None = None  # None: the metrics were not read, the count is kept
+    keep_alive_s: float | None = None  # how long the policy keeps an idle replica (None: the spec's idle_to_zero_s)
 
 
 class Scaler(Protocol):
@@ -208,7 +209,9 @@ class Loop:
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
-        return Target(spec, revision, decision.desired, decision)
+        keep_alive = getattr(self.policy, "keep_alive_s", None)  # Shoal's says; the baselines' are the spec's
+        return Target(spec, revision, decision.desired, decision,
+                      keep_alive(self.memory.policy[name], spec.scaling) if keep_alive is not None else None)
 
     def _complete(self, name: str, spec: FunctionSpec, fleet: Fleet, reading: Reading) -> MetricsSnapshot:
         """The reading with what the loop learned: batch latencies (policy_table), the cold

@@ -14,7 +14,7 @@ from typing import Any
 
 from autoscaler.baselines import kpa, ray_serve
 from autoscaler.metrics import MetricsSnapshot
-from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide
+from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, keep_alive_s
 from functions.spec import ScalingSpec
 
 
@@ -31,6 +31,10 @@ class Shoal:
     def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
                now: float) -> tuple[ScaleDecision, PolicyState]:
         return decide(snapshot, spec, state, now, self.config)
+
+    def keep_alive_s(self, state: PolicyState, spec: ScalingSpec) -> float:
+        """How long an idle replica is kept now (policy.keep_alive_s): what lending prices it by."""
+        return keep_alive_s(state, spec, self.config)
 
 
 @dataclass(frozen=True)

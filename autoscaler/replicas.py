@@ -127,6 +127,7 @@ class ReplicaScaler:
         self.failures: dict[str, tuple[int, float]] = {}  # function -> (consecutive failures, retry not before)
         self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
+        self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
@@ -163,6 +164,8 @@ class ReplicaScaler:
         starts: list[tuple[str, FunctionSpec, int]] = []
         self._note_activity(self.clock())
         for name, target in targets.items():
+            if target.keep_alive_s is not None:
+                self.keep_alive[name] = target.keep_alive_s
             before = self._scale(name, target, starts)
             if before is not None:
                 changed[name] = before
@@ -267,7 +270,7 @@ class ReplicaScaler:
         """Ready replicas of functions not in `excluded` with nothing in flight, queued or held
         at their last scrape. A request that reaches one after that is answered before it stops
         (the drain waits for it). The rate is the function's (`rates`); the keep-alive the
-        spec's idle_to_zero_s (the policy may keep a replica longer)."""
+        policy's last (Target.keep_alive_s), else the spec's idle_to_zero_s."""
         live: dict[str, int] = {}
         for r in self.replicas.values():
             if r.state in ("starting", "ready"):
@@ -281,7 +284,7 @@ class ReplicaScaler:
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
             rate = self.rates[r.function].per_s if r.function in self.rates else 0.0
-            out.append(Idle(r.id, r.function, rate, r.active_at, scaling.idle_to_zero_s,
+            out.append(Idle(r.id, r.function, rate, r.active_at, self.keep_alive.get(r.function, scaling.idle_to_zero_s),
                             cold_s, scaling.slo_p95_ms / 1000.0))
         return out
 

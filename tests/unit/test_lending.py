@@ -376,3 +376,21 @@ def test_the_scaler_says_who_was_held_short_and_why():
     assert said[0][1].startswith("w held short of a replica (floor, 2 request(s) waiting)")
     assert said[1]["data"]["rank"] == "floor" and said[1]["function"] == "w"
     assert scaler.held_short.labels("w", "floor")._value.get() == 2
+
+
+def test_the_policys_keep_alive_prices_an_idle_replica():
+    # the same full device, but the policy keeps f7's replicas 300 s (Target.keep_alive_s, from
+    # policy.keep_alive_s), not the spec's 60: f7, active at 33, is still within its keep-alive at
+    # 100 (chance 1 - e^(-0.01 x 233) = 0.90 of a request first), so the next newest of the
+    # free-to-take f2..f6 gives its slice instead: f6
+    scaler, backend, router, events = _full_scaler(take_back=True)
+
+    async def run():
+        await scaler.apply({"f7": Target(_spec("f7"), 1, 1, ScaleDecision(1, "STABLE"), keep_alive_s=300.0)})
+        await scaler.apply({"w": Target(_spec("w"), 1, 1, ScaleDecision(1, "COLD_START"))})
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    (takeback,) = [(a, k) for a, k in events if a[0] == "takeback"]
+    assert takeback[1]["data"]["from"] == "f6" and backend.stopped == ["f6-7"]
+    assert scaler.keep_alive == {"f7": 300.0}
