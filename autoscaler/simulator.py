@@ -1,10 +1,11 @@
 """A discrete-event cluster simulator that runs the real policy and placement code on every
 request of a trace, in decision ticks (1 s by default, the controller's): requests for a function
-at zero are held and the policy asked at once, as the gateway pokes; each tick's requests are
+with no replica ready are held (the policy asked at once for one at zero), as the gateway holds and pokes; each tick's requests are
 served exactly per request for a deterministic service time (one segmented cummax over all
 servers, in numpy); every function is looked at at its deploy (t=0), then each tick while it has
 replicas or held requests: a `MetricsSnapshot` with only what the controller would know (batch
-latencies learned from the batches run, the cold start once measured) and a look of its policy (a
+latencies learned from the batches run, the cold start once measured, p95 and the share over the SLO
+interpolated in the gateway's latency histogram, in flight inside replicas only) and a look of its policy (a
 tick's looks in one call, `autoscaler.looks`); replicas are placed and removed by the placement
 package. `replica_slice_seconds` is the sum over replicas of (share of a GPU) x (seconds held,
 starting included). Every GPU here is simulated: no figure from this module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
@@ -435,6 +436,7 @@ class Simulation:
         self.tick_busy = np.zeros(n)
         self.tick_p95 = np.full(n, np.nan)
         self.tick_over = np.zeros(n)  # requests over their SLO
+        self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
         self.requests = self.served = self.within_slo = self.timed_out = 0
@@ -568,13 +570,16 @@ class Simulation:
     def _held_s(self, a: np.ndarray, f: np.ndarray, t0: float) -> np.ndarray | None:
         """Per function, the seconds its requests of the tick waited at the gateway for its first
         replica to be ready (the part of their latency spent outside replicas); None when every
-        function serving in the tick had a replica ready at its start."""
+        function serving in the tick had a replica ready at its start. A function whose first
+        replica is ready inside the tick is marked unscraped for it: live, a replica's first
+        scrape comes at the first look after it is ready, so what it did before is in no window."""
         srv = self.servers
         late = srv.alive & (srv.ready_at > t0)
         if not late.any():
             return None
         first = np.full(len(self.profiles), np.inf)
         np.minimum.at(first, srv.fid[srv.alive], srv.ready_at[srv.alive])
+        self.tick_scraped[(first > t0) & np.isfinite(first)] = False
         return np.bincount(f, weights=np.maximum(0.0, first[f] - a), minlength=len(self.profiles))
 
     def _expire_held(self, now: float) -> None:
@@ -594,6 +599,7 @@ class Simulation:
         self.tick_n[:] = 0.0
         self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
+        self.tick_scraped[:] = True
         self.tick_p95[:] = np.nan
         self.tick_over[:] = 0.0
         if len(a) == 0:
@@ -837,7 +843,7 @@ class Simulation:
         replicas get (a table learned on another is dropped there). E.g. 40 requests, 8 in
         batches of 1 (4 ms) and 32 in batches of 8 (6 ms): 8 + 4 = 12 batches, (40 / 12,
         (8 x 4 + 4 x 6) / 12 ms) = (3.33, 4.67 ms)."""
-        fids = np.flatnonzero((n_f > 0) & self._batching)
+        fids = np.flatnonzero((n_f > 0) & self._batching & self.tick_scraped)
         if not len(fids):
             return
         batches = np.bincount(f, weights=1.0 / rows, minlength=len(n_f))[fids]
@@ -915,13 +921,14 @@ class Simulation:
         if not len(fids):
             return
         dt = self.config.tick_s
-        n, busy = self.tick_n[fids], self.tick_busy[fids]
+        n, scraped = self.tick_n[fids], self.tick_scraped[fids]
+        seen, busy = n * scraped, self.tick_busy[fids] * scraped  # what the replicas' scrapes saw
         with np.errstate(divide="ignore", invalid="ignore"):
             duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
-            service = np.where(n > 0, busy / n, np.nan)
-            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)
+            service = np.where(seen > 0, busy / seen, np.nan)
+            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)  # the gateway's: it saw them all
         tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
-                          duty.tolist(), (n / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
+                          duty.tolist(), (seen / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
                           over_slo.tolist(), now, dt)
         acted, quiet = self.policy.look_each(tick, self._functions)
         if quiet is not None:

@@ -205,14 +205,32 @@ def sim_profile(profile: Path, cold_start_s: float):
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
-    80 GiB device, the function at zero, the controller's tick, nothing left out as warm-up."""
-    from autoscaler.simulator import SimConfig, simulate
+    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick, nothing
+    left out as warm-up, on shoal up's data path (LiveDataPath)."""
+    from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
 
-    trace = read_window(window)
+    made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
     config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=TICK_S, timeout_s=HOLD_TIMEOUT_S,
                        warmup_s=0.0)
-    result = simulate(trace, [policy], config, profiles=[sim_profile(profile, cold_start_s)], start="cold")
-    return result["policies"][policy]
+    return live_data_path()(read_window(window), [sim_profile(profile, cold_start_s)], made, config, None).run()
+
+
+def live_data_path():
+    """The simulator on `shoal up`'s request path, whichever policy decides: `shoal up --policy
+    kpa|ray` runs the baselines' policies (autoscaler.policies), not their data planes, so no
+    activator hop (Knative's) and no `max_ongoing_requests` cap at a router (Ray Serve's): the
+    gateway holds requests only while no replica is ready, and each replica batches what it has
+    queued, up to the function's max batch."""
+    from autoscaler.simulator import Simulation
+
+    class LiveDataPath(Simulation):
+        def _hops(self):
+            return None
+
+        def _cap_batches_at_max_ongoing(self, policy) -> None:
+            return None
+
+    return LiveDataPath
 
 
 def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
