@@ -243,9 +243,10 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
                      f"--slo-ms {SLO_MS:g} --batch {sim_profile(PROFILE, 0.0).max_batch} --target-concurrency {TARGET_CONCURRENCY:g}; "
                      f"shoal loadtest csv --function {FUNCTION} --trace {window.path} --duration "
                      f"{window.duration_s:g} --from-zero")
-        lines.append(f"  sim {p}: shoal simulate --trace csv --path {window.path} --seconds {window.duration_s:g} "
-                     f"--profile {PROFILE.relative_to(ROOT)} --slo-ms {SLO_MS:g} --slice {float(Fraction(SLICE)):g} "
-                     f"--cold-start-s <live median> --start cold --warmup-s 0 --gpus 1 --policy {p}")
+        lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
+                     f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
+                     f"{SLO_MS:g} ms, 1 device of 80 GiB, tick {TICK_S:g} s, hold timeout {HOLD_TIMEOUT_S:g} s, "
+                     f"start cold, no warm-up, the cold start measured live (median)")
     return lines
 
 
