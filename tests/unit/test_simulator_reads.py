@@ -1,6 +1,7 @@
 """What the simulator's policy reads, as the live controller reads it (issue 19, sim against
 live): requests wait at the gateway until a replica is ready (the snapshot's activator_queue,
-not in flight), in flight counts only time inside replicas, and p95 and the share over the SLO
+not in flight), in flight counts only time inside replicas, a replica's work before its
+first scrape is in no window, and p95 and the share over the SLO
 are interpolated in the gateway's latency histogram (autoscaler.metrics.quantiles), as
 `autoscaler/sources/direct.py` reads them. Unless a case says otherwise: one function with a
 batch-1 latency of 40 ms on its 1/4 slice (no batching), SLO 200 ms, a 2.5 s cold start, at
@@ -49,7 +50,9 @@ def test_requests_wait_at_the_gateway_until_the_replica_is_ready():
         s = seen[now]
         assert (s.ready, s.starting, s.activator_queue, s.inflight, s.rps, s.p95_s) == (0, 1, 10, 0.0, 0.0, None)
     s = seen[3.0]  # released in the tick the replica is ready (2.7): served one by one from 2.7
-    assert (s.ready, s.activator_queue, s.rps) == (1, 0, 10.0)
+    # before the replica's first scrape (this look): no rate or duty read yet, the gateway saw them
+    assert (s.ready, s.activator_queue, s.rps, s.duty) == (1, 0, 0.0, (0.0,))
+    assert s.p95_s is not None and s.over_slo == 1.0  # all waited 2 s and more
     # inside the replica the k-th (k = 0..9) spends 0.04 (k + 1) s: 0.04 x 55 = 2.2 request-seconds
     # in the 1-s tick; from arrival it would add the held 2.7 - (0.2 + 0.05 k): 25 - 2.25 = 22.75 more
     assert s.inflight == pytest.approx(2.2)
