@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStat:
@@ -112,44 +114,77 @@ def histogram_delta(prev: tuple[tuple[float, float], ...] | None,
     return tuple((le, max(0.0, c - p)) for (le, c), (_, p) in zip(cur, prev))
 
 
+# the gateway's request-latency histogram (and a replica's): the bounds the controller's p95 and
+# share over the SLO are interpolated in, here so that the simulator reads the same
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+
+
 def quantile(buckets: tuple[tuple[float, float], ...] | list, q: float) -> float | None:
     """Quantile from cumulative buckets, interpolated linearly inside the bucket as
     Prometheus' histogram_quantile does; None with no observations. A quantile that
-    falls in the +Inf bucket is reported as the highest finite bound."""
+    falls in the +Inf bucket is reported as the highest finite bound (quantiles, for one)."""
     if not buckets or buckets[-1][1] <= 0:
         return None
-    total = buckets[-1][1]
-    rank = q * total
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            if count == lower_count:
-                return bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
-        lower_bound, lower_count = bound, count
-    return lower_bound
+    bounds, counts = _columns(buckets)
+    return float(quantiles(bounds, counts, q)[0])
 
 
 def fraction_over(buckets: tuple[tuple[float, float], ...] | list, bound: float) -> float:
     """The fraction of observations above `bound` in a cumulative histogram, interpolated
     linearly inside the bucket that holds it (as `quantile`); 0 with no observations.
     E.g. ((0.1, 90), (0.25, 99), (inf, 100)), bound 0.2: 90 + 9 x (0.1 / 0.15) = 96 at or
-    under it -> 0.04."""
+    under it -> 0.04 (fractions_over, for one)."""
     if not buckets or buckets[-1][1] <= 0:
         return 0.0
-    total = buckets[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
-    for upper, count in buckets:
-        if upper >= bound:
-            if math.isinf(upper):
-                under = lower_count
-            else:
-                under = lower_count + (count - lower_count) * (bound - lower_bound) / (upper - lower_bound)
-            return max(0.0, min(1.0, 1.0 - under / total))
-        lower_bound, lower_count = upper, count
-    return 0.0
+    bounds, counts = _columns(buckets)
+    return float(fractions_over(bounds, counts, np.array([bound], float))[0])
+
+
+def _columns(buckets) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([b for b, _ in buckets], float), np.array([[c for _, c in buckets]], float)
+
+
+def quantiles(bounds: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """`quantile` of each row of `counts` (cumulative, at `bounds`, ascending): in the first
+    bucket whose count reaches q x total, linearly between its bounds (0 below the first);
+    in the +Inf bucket, the bound below it; NaN for a row without observations. E.g. bounds
+    (0.1, 0.25, inf), counts (8, 9, 9), q 0.95: rank 8.55 in (0.1, 0.25]:
+    0.1 + 0.15 x 0.55 / 1 = 0.1825."""
+    rows = np.arange(len(counts))
+    total = counts[:, -1]
+    rank = q * total
+    reached = counts >= rank[:, None]
+    j = np.where(reached.any(axis=1), reached.argmax(axis=1), len(bounds) - 1)
+    below = j > 0
+    lower_b = np.where(below, bounds[np.maximum(j - 1, 0)], 0.0)
+    lower_c = np.where(below, counts[rows, np.maximum(j - 1, 0)], 0.0)
+    upper, count = bounds[j], counts[rows, j]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inside = lower_b + (upper - lower_b) * (rank - lower_c) / (count - lower_c)
+    out = np.where(np.isinf(upper), lower_b, np.where(count == lower_c, upper, inside))
+    out = np.where(reached.any(axis=1), out, bounds[-1])  # q > 1: past every bucket
+    return np.where(total > 0, out, np.nan)
+
+
+def fractions_over(bounds: np.ndarray, counts: np.ndarray, over: np.ndarray) -> np.ndarray:
+    """`fraction_over` of each row of `counts` (cumulative, at `bounds`) above its row's bound
+    in `over`: the count at or under it interpolated linearly inside the bucket that holds it
+    (all of the +Inf bucket's over it), within [0, 1]; 0 for a row without observations or
+    whose bound is above every bucket."""
+    rows = np.arange(len(counts))
+    total = counts[:, -1]
+    holds = bounds[None, :] >= over[:, None]
+    j = holds.argmax(axis=1)
+    below = j > 0
+    lower_b = np.where(below, bounds[np.maximum(j - 1, 0)], 0.0)
+    lower_c = np.where(below, counts[rows, np.maximum(j - 1, 0)], 0.0)
+    upper, count = bounds[j], counts[rows, j]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        under = np.where(np.isinf(upper), lower_c, lower_c + (count - lower_c) * (over - lower_b) / (upper - lower_b))
+        out = np.clip(1.0 - under / total, 0.0, 1.0)
+    return np.where((total > 0) & holds.any(axis=1), out, 0.0)
 
 
 def batch_window(batches: float, answered: float, busy_s: float) -> tuple[float, float] | None:

@@ -1,10 +1,11 @@
 """A discrete-event cluster simulator that runs the real policy and placement code on every
 request of a trace, in decision ticks (1 s by default, the controller's): requests for a function
-at zero are held and the policy asked at once, as the gateway pokes; each tick's requests are
+with no replica ready are held (the policy asked at once for one at zero), as the gateway holds and pokes; each tick's requests are
 served exactly per request for a deterministic service time (one segmented cummax over all
 servers, in numpy); every function is looked at at its deploy (t=0), then each tick while it has
 replicas or held requests: a `MetricsSnapshot` with only what the controller would know (batch
-latencies learned from the batches run, the cold start once measured) and a look of its policy (a
+latencies learned from the batches run, the cold start once measured, p95 and the share over the SLO
+interpolated in the gateway's latency histogram, in flight inside replicas only) and a look of its policy (a
 tick's looks in one call, `autoscaler.looks`); replicas are placed and removed by the placement
 package. `replica_slice_seconds` is the sum over replicas of (share of a GPU) x (seconds held,
 starting included). Every GPU here is simulated: no figure from this module is a GPU measurement. The tick, the queue arithmetic and the approximations, worked out:
@@ -30,7 +31,7 @@ from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
 )
 from autoscaler.loop import Memory, policy_table
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.metrics import LATENCY_BUCKETS_S, MetricsSnapshot, fractions_over, quantiles
 from autoscaler.placement import Demand, Device, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
 from autoscaler.traces import Trace
@@ -40,6 +41,7 @@ RATE_WINDOW_S = 120.0  # a function's request rate, for the cost of taking its i
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
+GATEWAY_BOUNDS = np.array(LATENCY_BUCKETS_S + (math.inf,))  # the histogram the controller reads p95 from
 
 
 # ---------------------------------------------------------------------- functions
@@ -443,6 +445,7 @@ class Simulation:
         self.tick_busy = np.zeros(n)
         self.tick_p95 = np.full(n, np.nan)
         self.tick_over = np.zeros(n)  # requests over their SLO
+        self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
         self.requests = self.served = self.within_slo = self.timed_out = 0
@@ -550,8 +553,10 @@ class Simulation:
     # ------------------------------------------------------------------ arrivals
 
     def _hold_cold(self, a: np.ndarray, f: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray]:
-        """Requests of functions with no replica: held; the policy hears of the first at once.
-        Returns the requests to serve now (with earlier held ones that now have a replica)."""
+        """Requests of functions with no replica ready in the tick: held, as the gateway holds
+        them until a replica is ready (counted in the snapshot's activator_queue meanwhile);
+        for one with no replica at all the policy hears of the first at once. Returns the
+        requests to serve now (with earlier held ones whose first replica is ready in the tick)."""
         cold = self.n_srv[f] == 0
         if cold.any():
             cold_f, first = np.unique(f[cold], return_index=True)
@@ -561,21 +566,47 @@ class Simulation:
                 if self.n_srv[fid] == 0 and self.policy.reactive:
                     waiting = len(self.held.get(fid, ())) + 1
                     self._decide(fid, float(cold_a[i]), activator_queue=waiting)
-        if not self.held and not cold.any():
+        unready = self._unready(t0 + self.config.tick_s)  # after the looks above: their starts count
+        if not self.held and not cold.any() and unready is None:
             return a, f
-        # everything for a function with servers is served; the rest waits
+        # everything for a function with a replica ready in the tick is served; the rest waits
         extra_a, extra_f = [], []
-        for fid in [x for x in self.held if self.n_srv[x] > 0]:
+        for fid in [x for x in self.held if self.n_srv[x] > 0 and (unready is None or not unready[x])]:
             waiting = self.held.pop(fid)
             extra_a.append(np.asarray(waiting))
             extra_f.append(np.full(len(waiting), fid, np.int64))
-        still = self.n_srv[f] == 0
+        still = self.n_srv[f] == 0 if unready is None else (self.n_srv[f] == 0) | unready[f]
         for fid, when in zip(f[still].tolist(), a[still].tolist()):
             self.held.setdefault(fid, []).append(when)
         keep = ~still
         if extra_a:
             return np.concatenate(extra_a + [a[keep]]), np.concatenate(extra_f + [f[keep]])
         return a[keep], f[keep]
+
+    def _unready(self, t1: float) -> np.ndarray | None:
+        """Per function, whether it has replicas but none ready before `t1`; None when no
+        replica is starting then (the common tick: nothing to hold beyond functions at zero)."""
+        srv = self.servers
+        starting = srv.alive & (srv.ready_at >= t1)
+        if not starting.any():
+            return None
+        ready = np.bincount(srv.fid[srv.alive & ~starting], minlength=len(self.profiles))
+        return (self.n_srv > 0) & (ready == 0)
+
+    def _held_s(self, a: np.ndarray, f: np.ndarray, t0: float) -> np.ndarray | None:
+        """Per function, the seconds its requests of the tick waited at the gateway for its first
+        replica to be ready (the part of their latency spent outside replicas); None when every
+        function serving in the tick had a replica ready at its start. A function whose first
+        replica is ready inside the tick is marked unscraped for it: live, a replica's first
+        scrape comes at the first look after it is ready, so what it did before is in no window."""
+        srv = self.servers
+        late = srv.alive & (srv.ready_at > t0)
+        if not late.any():
+            return None
+        first = np.full(len(self.profiles), np.inf)
+        np.minimum.at(first, srv.fid[srv.alive], srv.ready_at[srv.alive])
+        self.tick_scraped[(first > t0) & np.isfinite(first)] = False
+        return np.bincount(f, weights=np.maximum(0.0, first[f] - a), minlength=len(self.profiles))
 
     def _expire_held(self, now: float) -> None:
         limit = now - self.config.timeout_s
@@ -594,11 +625,13 @@ class Simulation:
         self.tick_n[:] = 0.0
         self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
+        self.tick_scraped[:] = True
         self.tick_p95[:] = np.nan
         self.tick_over[:] = 0.0
         if len(a) == 0:
             return
         dt = self.config.tick_s
+        held_s = self._held_s(a, f, t0)
         hop = self._hops()
         if hop is not None:
             a = a + hop[f]  # the replicas see them a hop later; their latency still counts from arrival
@@ -630,6 +663,8 @@ class Simulation:
         if hop is not None:
             latency = latency + hop[f]
         self._account(f, latency, s, n_f)
+        if held_s is not None:  # in flight counts requests inside replicas (the gateway's held apart)
+            self.tick_lat -= held_s
         self._learn_batches(f, rows, n_f)
 
     # ------------------------------------------------------------------ the baselines' request paths
@@ -813,13 +848,18 @@ class Simulation:
         self.tick_n[:] = n_f
         self.tick_lat[:] = np.bincount(f, weights=latency, minlength=n)
         self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
-        self.tick_over[:] = np.bincount(f[~ok], minlength=n)
-        # p95 per function: sort by (function, latency), take rank ceil(0.95 n) - 1
-        order = np.lexsort((latency, f))
+        # p95 and the share over the SLO as the controller reads them: from the gateway's latency
+        # histogram (from arrival), interpolated inside its buckets (metrics.quantile,
+        # fraction_over); e.g. 8 requests of 60-95 ms and one of 110 ms: p95 in (0.1, 0.25],
+        # 0.1 + 0.15 x (8.55 - 8) = 0.1825 s, and 1/3 of that one over a 200 ms SLO
         present = np.flatnonzero(n_f)
-        first = (np.cumsum(n_f) - n_f)[present]
-        rank = first + np.ceil(0.95 * n_f[present]).astype(np.int64) - 1
-        self.tick_p95[present] = latency[order][rank]
+        row = np.zeros(n, np.int64)
+        row[present] = np.arange(len(present))
+        width = len(GATEWAY_BOUNDS)
+        counts = np.bincount(row[f] * width + np.searchsorted(GATEWAY_BOUNDS, latency, side="left"),
+                             minlength=len(present) * width).reshape(len(present), width).cumsum(axis=1)
+        self.tick_p95[present] = quantiles(GATEWAY_BOUNDS, counts, 0.95)
+        self.tick_over[present] = fractions_over(GATEWAY_BOUNDS, counts, self.slo_s[present]) * n_f[present]
 
     def _learn_batches(self, f: np.ndarray, rows: np.ndarray, n_f: np.ndarray) -> None:
         """What the controller learns of the tick's batches, per batching function that ran any:
@@ -829,7 +869,7 @@ class Simulation:
         replicas get (a table learned on another is dropped there). E.g. 40 requests, 8 in
         batches of 1 (4 ms) and 32 in batches of 8 (6 ms): 8 + 4 = 12 batches, (40 / 12,
         (8 x 4 + 4 x 6) / 12 ms) = (3.33, 4.67 ms)."""
-        fids = np.flatnonzero((n_f > 0) & self._batching)
+        fids = np.flatnonzero((n_f > 0) & self._batching & self.tick_scraped)
         if not len(fids):
             return
         batches = np.bincount(f, weights=1.0 / rows, minlength=len(n_f))[fids]
@@ -913,13 +953,14 @@ class Simulation:
         if not len(fids):
             return
         dt = self.config.tick_s
-        n, busy = self.tick_n[fids], self.tick_busy[fids]
+        n, scraped = self.tick_n[fids], self.tick_scraped[fids]
+        seen, busy = n * scraped, self.tick_busy[fids] * scraped  # what the replicas' scrapes saw
         with np.errstate(divide="ignore", invalid="ignore"):
             duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
-            service = np.where(n > 0, busy / n, np.nan)
-            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)
+            service = np.where(seen > 0, busy / seen, np.nan)
+            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)  # the gateway's: it saw them all
         tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
-                          duty.tolist(), (n / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
+                          duty.tolist(), (seen / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
                           over_slo.tolist(), now, dt)
         acted, quiet = self.policy.look_each(tick, self._functions)
         if quiet is not None:

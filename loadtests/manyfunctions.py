@@ -151,12 +151,14 @@ def _slices(devices: str, slice_text: str) -> str:
 # ---------------------------------------------------------------------- its own shoal up
 
 
-def start_up(state_dir: Path, devices: str, take_back: bool, tick_s: float) -> tuple[subprocess.Popen, str]:
-    """`shoal up` on a free loopback port with `devices`, as a process of its own; (process, URL)."""
+def start_up(state_dir: Path, devices: str, take_back: bool, tick_s: float,
+             extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """`shoal up` on a free loopback port with `devices` (and `extra` options, e.g. `--policy kpa`),
+    as a process of its own; (process, URL)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", "0", "--state-dir", str(state_dir),
            "--devices", devices, "--tick-s", str(tick_s), "--log-level", "warning"]
-    cmd += [] if take_back else ["--no-take-back"]
+    cmd += ([] if take_back else ["--no-take-back"]) + list(extra)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(state_dir / "up.err", "a"), text=True,
                             cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     banner = proc.stdout.readline()

@@ -1,0 +1,320 @@
+"""The simulator checked against the live system: the same window of the real trace, the same
+emulated profile, slice, SLO and cold start, once through a fresh `shoal up --policy P` on emulated
+devices and Locust (`shoal loadtest csv --from-zero`), once through `autoscaler.simulator.simulate`
+(`start="cold"`, the controller's tick, no warm-up), for each policy; a table of SLO attainment and
+replica-slice-seconds side by side with the tolerance of issue 19 (slice-seconds within 10 %, SLO
+within 0.5 points). Every device here is emulated (the service time is slept) and every GPU of the
+simulator simulated: no figure is a GPU measurement. Results and how to read them: docs/simlive.md.
+
+    python -m loadtests.bench.simlive --policies shoal,kpa,ray --minutes 10 --compress 4 --json OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
+PROFILE = ROOT / "functions" / "examples" / "emulated_code.yaml"
+POLICIES = ("shoal", "kpa", "ray")
+FUNCTION = "code"
+DEVICES = "emulated:1x80GiB"
+SLICE = "1/4"
+SLO_MS = 200.0
+# the spec both sides read (Profile.spec() is min 0, max 1000, target 2, idle 60 s): deployed
+# live with the same values, so the policies see one spec
+MAX_REPLICAS = 1000
+TARGET_CONCURRENCY = 2.0
+IDLE_TO_ZERO_S = 60.0
+TICK_S = 1.0  # shoal up's default controller tick, and the simulator's
+HOLD_TIMEOUT_S = 30.0  # shoal up's default: how long the gateway holds a request for a cold start
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Issue 19's bar: the simulator predicts the live run within these."""
+
+    slice_pct: float = 10.0  # |sim / live - 1| of replica-slice-seconds, in percent
+    slo_points: float = 0.5  # |sim - live| of SLO attainment, in percentage points
+
+
+@dataclass(frozen=True)
+class Window:
+    path: Path
+    duration_s: float
+    requests: int
+    source: str
+    minutes: float
+    compress: float
+
+
+# ---------------------------------------------------------------------- pure parts
+
+
+def window_times(times, minutes: float, compress: float) -> list[float]:
+    """The arrivals of the first `minutes` of a trace (seconds from its start, uncompressed),
+    divided by `compress`: e.g. 10 minutes at 4x are the arrivals before 600 s, at t / 4, 150 s."""
+    if not (math.isfinite(minutes) and minutes > 0) or not (math.isfinite(compress) and compress > 0):
+        raise ValueError(f"minutes ({minutes}) and compress ({compress}) must be finite numbers > 0")
+    limit = minutes * 60.0
+    return [float(t) / compress for t in times if t < limit]
+
+
+def csv_text(times: list[float]) -> str:
+    """The window as `shoal loadtest csv --trace` reads it: a `timestamp` header, one arrival a row."""
+    return "timestamp\n" + "".join(f"{t:.6f}\n" for t in times)
+
+
+def compare(live: dict[str, Any], sim: dict[str, Any], tolerance: Tolerance = Tolerance()) -> dict[str, Any]:
+    """One policy's row: SLO attainment in percent, the difference in points (sim - live), the
+    slice-seconds and their ratio (sim / live), cold starts, and whether each is within `tolerance`.
+    E.g. live 93.2 %, sim 93.5 %: 0.3 points, within 0.5; live 101.7, sim 142.8 slice-s: 1.404,
+    40.4 % off, not within 10 %."""
+    live_slo, sim_slo = 100.0 * live["slo_attainment"], 100.0 * sim["slo_attainment"]
+    diff = sim_slo - live_slo
+    live_s, sim_s = live["replica_slice_seconds"], sim["replica_slice_seconds"]
+    ratio = sim_s / live_s if live_s > 0 else math.inf
+    return {
+        "live_slo_pct": round(live_slo, 3), "sim_slo_pct": round(sim_slo, 3), "slo_diff_points": round(diff, 3),
+        "slo_within": abs(diff) <= tolerance.slo_points + 1e-9,
+        "live_slice_s": round(live_s, 2), "sim_slice_s": round(sim_s, 2), "slice_ratio": round(ratio, 4),
+        "slice_within": abs(ratio - 1.0) * 100.0 <= tolerance.slice_pct + 1e-9,
+        "cold_starts": [live["cold_starts"], sim["cold_starts"]],
+        "replica_starts": [live["replica_starts"], sim["replica_starts"]],
+    }
+
+
+def render(rows: dict[str, dict[str, Any]], tolerance: Tolerance = Tolerance()) -> str:
+    """The table: one line per policy, `yes`/`NO` against the tolerance."""
+    head = (f"{'policy':<7} {'live SLO':>9} {'sim SLO':>9} {'diff pt':>8} {'ok':>3}  {'live slice-s':>12} "
+            f"{'sim slice-s':>11} {'ratio':>6} {'ok':>3}  {'cold live/sim':>13} {'starts live/sim':>15}")
+    lines = [head]
+    for name, r in rows.items():
+        lines.append(f"{name:<7} {r['live_slo_pct']:>8.2f}% {r['sim_slo_pct']:>8.2f}% {r['slo_diff_points']:>+8.2f} "
+                     f"{_ok(r['slo_within']):>3}  {r['live_slice_s']:>12.1f} {r['sim_slice_s']:>11.1f} "
+                     f"{r['slice_ratio']:>6.3f} {_ok(r['slice_within']):>3}  "
+                     f"{'/'.join(map(str, r['cold_starts'])):>13} {'/'.join(map(str, r['replica_starts'])):>15}")
+    lines.append(f"tolerance: slice-seconds within {tolerance.slice_pct:g} %, SLO attainment within "
+                 f"{tolerance.slo_points:g} points (emulated devices live, simulated GPUs in the simulator)")
+    return "\n".join(lines)
+
+
+def _ok(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def live_numbers(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a live run's summary.json says, in the simulator's terms: SLO attainment (Locust's
+    latencies, from send; a failure never meets it), replica-slice-seconds, cold starts (scale-ups
+    from zero), replica starts, and the measured cold start (create to ready, its median)."""
+    starts = summary["cold_starts"]["replica_starts"]
+    ready = [s["ready_s"] for s in starts]
+    return {
+        "requests": summary["requests"], "failures": summary["failures"],
+        "slo_attainment": summary["slo_attainment"], "p95_ms": summary["latency_ms"]["p95"],
+        "replica_slice_seconds": summary["replica_slice_seconds"],
+        "cold_starts": summary["cold_starts"]["count"], "replica_starts": len(starts),
+        "cold_start_s": statistics.median(ready) if ready else None,
+        "cold_start_s_all": [round(x, 3) for x in ready],
+        "span_s": summary["cost"]["span_s"],
+    }
+
+
+# ---------------------------------------------------------------------- the two runs
+
+
+def write_window(source: Path, out: Path, minutes: float, compress: float) -> Window:
+    """The window as a csv of seconds, written once: both runs read this file."""
+    from autoscaler.traces import make_trace
+
+    full = make_trace("csv", path=str(source))
+    times = window_times(full.times.tolist(), minutes, compress)
+    if not times:
+        raise ValueError(f"{source}: no arrival in its first {minutes:g} minutes")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(csv_text(times))
+    return Window(out, minutes * 60.0 / compress, len(times), str(source), minutes, compress)
+
+
+def read_window(window: Window):
+    """The window as the load test reads it (loadtests.scenarios, the csv scenario)."""
+    from autoscaler.traces import make_trace
+
+    return make_trace("csv", path=str(window.path), seconds=window.duration_s)
+
+
+def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE) -> dict[str, Any]:
+    """A fresh `shoal up --policy` on emulated devices with one function of `profile`, left at
+    zero, then the window through `shoal loadtest csv --from-zero`; its summary.json's numbers."""
+    from loadtests import manyfunctions, runner
+
+    state = out.parent / f"{out.name}-state"
+    proc, url = manyfunctions.start_up(state, DEVICES, True, TICK_S,
+                                       ("--policy", policy, "--hold-timeout-s", f"{HOLD_TIMEOUT_S:g}"))
+    try:
+        deploy(url, runner._read_token(str(state)), profile)
+        argv = ["csv", "--function", FUNCTION, "--trace", str(window.path), "--duration", f"{window.duration_s:g}",
+                "--from-zero", "--url", url, "--state-dir", str(state), "--out", str(out), "--quiet",
+                "--title", f"sim against live: {policy} (emulated devices)"]
+        code = runner.main(argv)
+    finally:
+        manyfunctions.stop_up(proc)
+    if not (out / "summary.json").exists():
+        raise runner.LoadTestError(f"shoal loadtest {' '.join(argv)} wrote no summary (exit {code})")
+    return live_numbers(json.loads((out / "summary.json").read_text()))
+
+
+def deploy(url: str, token: str | None, profile: Path) -> None:
+    """Upload the profile and register the function over the control API, none started (as
+    `shoal deploy` without --wait): the spec the simulator's Profile.spec() reads, batching as
+    the profile allows (its largest profiled batch), no queue delay."""
+    import httpx
+
+    spec = {"slice": SLICE, "loader": "profile",
+            "scaling": {"min_replicas": 0, "max_replicas": MAX_REPLICAS, "slo_p95_ms": SLO_MS,
+                        "idle_to_zero_s": IDLE_TO_ZERO_S, "target_concurrency": TARGET_CONCURRENCY},
+            "batching": {"max_batch_size": sim_profile(profile, 0.0).max_batch, "max_queue_delay_ms": 0.0}}
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=url, headers=headers, timeout=60.0) as http:
+        r = http.post("/api/v1/artifacts", params={"filename": profile.name}, content=profile.read_bytes())
+        if r.status_code >= 400:
+            raise ValueError(f"upload {profile}: {r.status_code} {r.text[:300]}")
+        r = http.put(f"/api/v1/functions/{FUNCTION}", json={**spec, "artifact": r.json()["ref"]})
+        if r.status_code >= 400:
+            raise ValueError(f"deploy {FUNCTION}: {r.status_code} {r.text[:300]}")
+
+
+def sim_profile(profile: Path, cold_start_s: float):
+    """The simulator's Profile of the live function: `shoal simulate --profile`'s own reading,
+    with the slice, SLO and target concurrency deployed live and the cold start measured live."""
+    from deploy.cli.simulate import profile_from
+
+    made = profile_from(argparse.Namespace(profile=profile, slo_ms=SLO_MS, slice=float(Fraction(SLICE)),
+                                           cold_start_s=cold_start_s))
+    return replace(made, target_concurrency=TARGET_CONCURRENCY)
+
+
+def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE) -> dict[str, Any]:
+    """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
+    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick, nothing
+    left out as warm-up, on shoal up's data path (LiveDataPath)."""
+    from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
+
+    made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
+    config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=TICK_S, timeout_s=HOLD_TIMEOUT_S,
+                       warmup_s=0.0)
+    return live_data_path()(read_window(window), [sim_profile(profile, cold_start_s)], made, config, None).run()
+
+
+def live_data_path():
+    """The simulator on `shoal up`'s request path, whichever policy decides: `shoal up --policy
+    kpa|ray` runs the baselines' policies (autoscaler.policies), not their data planes, so no
+    activator hop (Knative's) and no `max_ongoing_requests` cap at a router (Ray Serve's): the
+    gateway holds requests only while no replica is ready, and each replica batches what it has
+    queued, up to the function's max batch."""
+    from autoscaler.simulator import Simulation
+
+    class LiveDataPath(Simulation):
+        def _hops(self):
+            return None
+
+        def _cap_batches_at_max_ongoing(self, policy) -> None:
+            return None
+
+    return LiveDataPath
+
+
+def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
+    """The commands a reader runs to repeat the comparison (one live run per policy)."""
+    lines = [f"python -m loadtests.bench.simlive --policies {','.join(args.policies)} --minutes {args.minutes:g} "
+             f"--compress {args.compress:g} --out {out}" + (f" --json {args.json}" if args.json else "")]
+    for p in args.policies:
+        lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
+                     f"{PROFILE.relative_to(ROOT)} --name {FUNCTION} --slice {SLICE} --min 0 --max {MAX_REPLICAS} "
+                     f"--slo-ms {SLO_MS:g} --batch {sim_profile(PROFILE, 0.0).max_batch} --target-concurrency {TARGET_CONCURRENCY:g}; "
+                     f"shoal loadtest csv --function {FUNCTION} --trace {window.path} --duration "
+                     f"{window.duration_s:g} --from-zero")
+        lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
+                     f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
+                     f"{SLO_MS:g} ms, 1 device of 80 GiB, tick {TICK_S:g} s, hold timeout {HOLD_TIMEOUT_S:g} s, "
+                     f"start cold, no warm-up, the cold start measured live (median)")
+    return lines
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.simlive", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {','.join(POLICIES)}")
+    p.add_argument("--minutes", type=float, default=10.0, help="the trace's first minutes to replay (default 10)")
+    p.add_argument("--compress", type=float, default=4.0, help="divide its times by this (default 4)")
+    p.add_argument("--trace", type=Path, default=TRACE, help=f"the real trace (default {TRACE})")
+    p.add_argument("--out", type=Path, help="folder for the window and the live reports "
+                                            "(default loadtests/reports/simlive-TIME)")
+    p.add_argument("--sim-only", action="store_true",
+                   help="reuse the live reports already in --out (OUT/live-POLICY), run only the simulator")
+    p.add_argument("--json", type=Path, help="write the comparison here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from loadtests.runner import LoadTestError
+
+    args = build_parser().parse_args(argv)
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        print(f"simlive: --policies {unknown or '(none)'}: allowed {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    out = (args.out or ROOT / "loadtests" / "reports" / f"simlive-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    try:
+        window = write_window(args.trace, out / "window.csv", args.minutes, args.compress)
+        print(f"window: {window.requests} arrivals, the first {args.minutes:g} min of {args.trace.name} at "
+              f"{args.compress:g}x = {window.duration_s:g} s -> {window.path}", flush=True)
+        results: dict[str, Any] = {}
+        for policy in args.policies:
+            folder = out / f"live-{policy}"
+            if args.sim_only:
+                live = live_numbers(json.loads((folder / "summary.json").read_text()))
+            else:
+                live = live_run(policy, window, folder)
+            if live["cold_start_s"] is None:
+                raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
+            sim = sim_run(policy, window, live["cold_start_s"])
+            results[policy] = {"live": live, "sim": sim, "row": compare(live, sim)}
+            print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
+                  f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
+                  f"(cold start {live['cold_start_s']:.3f} s measured)", flush=True)
+    except (ValueError, OSError, LoadTestError) as exc:
+        print(f"simlive: {exc}", file=sys.stderr)
+        return 2
+    rows = {p: r["row"] for p, r in results.items()}
+    cmds = commands(args, window, out)
+    print(render(rows))
+    print("\n".join(cmds))
+    if args.json:
+        tol = Tolerance()
+        args.json.write_text(json.dumps({
+            "window": {"source": window.source, "minutes": window.minutes, "compress": window.compress,
+                       "duration_s": window.duration_s, "requests": window.requests, "path": str(window.path)},
+            "tolerance": {"slice_pct": tol.slice_pct, "slo_points": tol.slo_points},
+            "policies": results, "commands": cmds,
+            "note": "live: emulated devices (slept service times); sim: simulated GPUs; no GPU figure",
+        }, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(r["slo_within"] and r["slice_within"] for r in rows.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
