@@ -474,6 +474,8 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
                       if reason == "RESERVE" else f"need {burst:.2f} replicas ({need.detail})")
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
                 state = state._replace(forecast=(now, trend))
+            elif reason == "RESERVE":  # so is the reserve's count, or the low it sits on drops it again
+                state = state._replace(forecast=(now, held))
             return ScaleDecision(desired, reason, detail), state
     idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
     if snapshot.demand == 0 and spec.min_replicas == 0:
