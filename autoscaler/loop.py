@@ -229,7 +229,10 @@ class Loop:
             if decision is None:
                 continue
             self.exported.decisions.labels(name, decision.reason).inc()
-            if before == 0 and decision.desired > 0:
+            snapshot = self.snapshots.get(name)
+            if before == 0 and decision.desired > 0 and snapshot is not None and snapshot.activator_queue > 0:
+                # a cold start: a start from zero that requests waited for (a pre-warm is none), as
+                # the simulator counts them
                 self.exported.from_zero.labels(name).inc()
             self.events("scale", f"{before} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
                         function=name, data={"from": before, "to": decision.desired, "reason": decision.reason,

@@ -170,6 +170,10 @@ class ReplicaScaler:
             if before is not None:
                 changed[name] = before
         self._start(starts)
+        for name, before in list(changed.items()):  # a start held short (no slice yet) changed nothing
+            decision = targets[name].decision
+            if decision is not None and decision.desired > before and len(self.live(name)) == before:
+                del changed[name]
         return changed
 
     def _scale(self, name: str, target: Target, starts: list[tuple[str, FunctionSpec, int]]) -> int | None:
@@ -462,6 +466,7 @@ class ReplicaScaler:
             self.unplaced.pop(name, None)
             self.short_said.pop(name, None)
             self.rates.pop(name, None)
+            self.keep_alive.pop(name, None)
             self.router.forget(name)
         self._seen = set(functions)
 

@@ -85,6 +85,9 @@ class Route:
         return [e for e in self.endpoints if not e.draining]
 
 
+REFUSED_S = 2 * LATENCY_BUCKETS_S[-1]  # a refused request in the latency histogram: over every bound (60 s)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry):
         r = registry
@@ -105,15 +108,20 @@ class GatewayMetrics:
         self._children: dict[tuple[str, int], tuple] = {}
 
     def count(self, function: str, status: int, seconds: float, inference: bool = True) -> None:
-        """One answered request (label lookups cached: this runs on every request); its time goes
-        into the latency histogram when it was an inference request."""
+        """One answered request (label lookups cached: this runs on every request). An inference
+        request goes into the latency histogram the controller reads p95 and the share over the
+        SLO from: answered, its time; refused by the platform (5xx: no slice, overloaded, timed
+        out), as REFUSED_S, past every finite bound, since it never met its SLO (a 503 answered
+        in a millisecond must not read as a fast success); a client's error (4xx) not at all."""
         children = self._children.get((function, status))
         if children is None:
             children = self._children[(function, status)] = (
                 self.requests.labels(function, str(status)), self.duration.labels(function))
         children[0].inc()
-        if inference:
+        if inference and status < 400:
             children[1].observe(seconds)
+        elif inference and status >= 500:
+            children[1].observe(max(seconds, REFUSED_S))
 
     def latencies(self) -> dict[str, tuple[tuple[float, float], ...]]:
         """Each function's cumulative latency histogram so far, ((le, requests), ..., (inf, all)),

@@ -151,3 +151,21 @@ def test_a_metadata_get_is_not_an_inference_latency():
     gateway = asyncio.run(scenario())
     assert gateway.metrics.requests.labels("f", "200")._value.get() == 2  # both answered and counted
     assert gateway.latencies()["f"][-1] == (float("inf"), 1.0)  # one latency: the inference
+
+
+def test_a_refused_request_is_a_miss_and_a_client_error_no_latency():
+    """A 503 answered at once (no slice, overloaded) never met its SLO: it is counted past every
+    finite bound (REFUSED_S, 60 s), so the share over a 200 ms SLO reads it; a 400 (the client's
+    error) is no latency of the platform's."""
+    from autoscaler.metrics import fraction_over
+    from serving.gateway import REFUSED_S, GatewayMetrics
+
+    metrics = GatewayMetrics(CollectorRegistry())
+    metrics.count("f", 200, 0.010)
+    metrics.count("f", 200, 0.020)
+    metrics.count("f", 503, 0.001)
+    metrics.count("f", 400, 0.001)
+    served = metrics.latencies()["f"]
+    assert served[-1] == (float("inf"), 3.0)  # the 400 left out
+    assert dict(served)[30.0] == 2.0 and REFUSED_S == 60.0  # the 503 only in +Inf
+    assert fraction_over(served, SLO_MS / 1000.0) == pytest.approx(1 / 3)

@@ -394,3 +394,13 @@ def test_the_policys_keep_alive_prices_an_idle_replica():
     (takeback,) = [(a, k) for a, k in events if a[0] == "takeback"]
     assert takeback[1]["data"]["from"] == "f6" and backend.stopped == ["f6-7"]
     assert scaler.keep_alive == {"f7": 300.0}
+
+
+def test_a_start_held_short_reports_no_change():
+    # nothing idle to lend: w's replica is not placed, so apply() reports no change for w (the loop
+    # then counts no cold start and writes no "0 -> 1" event each tick while w waits)
+    scaler, backend, router, events = _full_scaler(take_back=True)
+    for r in scaler.replicas.values():
+        r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0)
+    changed = asyncio.run(scaler.apply({"w": Target(_spec("w"), 1, 1, ScaleDecision(1, "COLD_START"))}))
+    assert changed == {} and not scaler.live("w")
