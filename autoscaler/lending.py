@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 from typing import Any, NamedTuple, Sequence
 
+from autoscaler.policy import cold_start_misses
 from autoscaler.placement import Demand, Placement, SliceCluster, Status
 
 
@@ -89,15 +90,6 @@ def chance_of_request(rate_rps: float, left_s: float) -> float:
     if rate_rps <= 0 or left_s <= 0:
         return 0.0
     return 1.0 - math.exp(-rate_rps * left_s)
-
-
-def cold_start_misses(rate_rps: float, cold_start_s: float, slo_s: float) -> float:
-    """Requests that miss the SLO when a request finds the function cold: the first one, and
-    those arriving while less than the SLO of the cold start is left; none when the cold start
-    is within the SLO. // 2 rps, 2.0 s cold, 0.5 s SLO: 1 + 2 x 1.5 = 4"""
-    if cold_start_s <= slo_s:
-        return 0.0
-    return 1.0 + max(0.0, rate_rps) * (cold_start_s - slo_s)
 
 
 def takeback_cost(idle: Idle, now: float) -> tuple[float, float, float]:

@@ -185,7 +185,7 @@ def decide(
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
-    cold_cost_s = _cold_cost_s(state, snapshot, rate_avg, active, cold_misses, config)
+    cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
     state = PolicyState(
         last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
         duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
@@ -475,7 +475,8 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
                 state = state._replace(forecast=(now, trend))
             elif reason == "RESERVE":  # so is the reserve's count, or the low it sits on drops it again
-                state = state._replace(forecast=(now, held))
+                kept = state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS
+                state = state._replace(forecast=(now, max(held, state.forecast[1]) if kept else held))
             return ScaleDecision(desired, reason, detail), state
     idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
     if snapshot.demand == 0 and spec.min_replicas == 0:
@@ -503,21 +504,23 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
             return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s; periodic, next at t={onset:.0f}")
     keep = keep_alive_s(state, spec, config)
     if idle_s >= keep:
-        why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s from the last {len(state.gaps)} idle gaps)"
+        why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s: {_keep_why(state, config)})"
         return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s{why}")
     return None
 
 
 def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) -> float:
-    """How long an idle function keeps its replicas, from its own idle gaps (the hybrid
-    histogram policy of Shahrad et al., "Serverless in the Wild", ATC 2020, in short):
-    - the gaps' p90 x 1.1 within keep_alive_max_s: that long, if more than idle_to_zero_s,
-      since the next request most likely comes before it (a cold start saved);
-    - even the gaps' p10 over twice idle_to_zero_s: periodic_keep_s, since the next
-      request comes after any reasonable wait (the replica idles for nothing);
-    - else, or with fewer than gaps_min gaps: idle_to_zero_s.
-    E.g. gaps 40, 55, 70, 80, 95 s: p90 (the 5th of 5) 95 x 1.1 = 104.5 s > 60 -> 104.5 s.
-    Gaps 300, 400, 500, 900 s: p90 900 x 1.1 > 300; p10 300 >= 120 -> 10 s."""
+    """How long an idle function keeps its replicas. With a price on a miss (the default) and
+    a cold start priced (cold_cost_s): ski rental over its own idle gaps (_ski_rental); past
+    every gap seen, or with fewer than gaps_min gaps, until the idle time has cost one cold
+    start; at least idle_to_zero_s unless no gap is worth covering (then periodic_keep_s), at
+    most keep_alive_max_s. Without (miss_price_slice_s 0, or never active), the hybrid
+    histogram of Shahrad et al., "Serverless in the Wild", ATC 2020, in short: the gaps' p90 x
+    1.1 when within keep_alive_max_s and over idle_to_zero_s; periodic_keep_s when even their
+    p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
+    200, 50 s: K 50 (67.5 against 80 for K 200), so idle_to_zero_s, 60 s; priced at 250 s: K
+    200 covers all four, then on to 250 s.
+    Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. docs/design/policy.md."""
     if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
     if config.miss_price_slice_s > 0 and state.cold_cost_s is not None and state.gap_quantiles is None:
@@ -541,6 +544,12 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     if low >= 2 * spec.idle_to_zero_s:
         return min(spec.idle_to_zero_s, config.periodic_keep_s)
     return spec.idle_to_zero_s
+
+
+def _keep_why(state: PolicyState, config: PolicyConfig) -> str:
+    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
+        return f"a cold start priced at {state.cold_cost_s:.0f} s idle, {len(state.gaps)} idle gap(s) known"
+    return f"from the last {len(state.gaps)} idle gaps"
 
 
 def _ski_rental(gaps: tuple[float, ...], cold_cost_s: float) -> float:
@@ -608,10 +617,11 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
         times += [state.last_active_at + config.periodic_keep_s, onset - lead - config.prewarm_margin_s]
     if current > max(1, spec.min_replicas):
         high = [t for t, n in state.needs if _ceil(n) >= current]
-        times.append((high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s)
+        down = (high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s
         if state.rise2_at is not None and state.rise2 > current - 1 and config.reserve_memory_s > 0:
-            # when the reserve decays below current - 1 replicas (idle: a need of 0)
-            times.append(state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
+            # the count goes down only once the reserve, too, has decayed below current - 1 (idle: a need of 0)
+            down = max(down, state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
+        times.append(down)
     return max(now, min(times))
 
 
@@ -803,16 +813,29 @@ def _held_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float, 
     return 0.0, max(sample, (state.cold_misses + sample) / 2) if state.cold_misses else sample
 
 
-def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, rate_avg: float, active: bool, cold_misses: float,
-                 config: PolicyConfig) -> float | None:
+def cold_start_misses(rate_rps: float, cold_start_s: float, slo_s: float) -> float:
+    """Requests that miss the SLO when a request finds the function cold: the first one, and
+    those arriving while less than the SLO of the cold start is left; none when the cold start
+    is within the SLO. E.g. 2 rps, 2.0 s cold, 0.5 s SLO: 1 + 2 x 1.5 = 4."""
+    if cold_start_s <= slo_s:
+        return 0.0
+    return 1.0 + max(0.0, rate_rps) * (cold_start_s - slo_s)
+
+
+def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, rate_avg: float, active: bool,
+                 cold_misses: float, config: PolicyConfig) -> float | None:
     """What a cold start of this function would cost, in seconds of one idle replica: the
-    requests that would wait through it (those held through its past cold starts, or the
-    rate while active x the cold start, at least one) x miss_price_slice_s / the replica's
-    slice. Set while traffic flows, kept through idle time. E.g. 3/s, a 2.5 s cold start,
-    20 slice-s a miss, a 1/4 slice: 7.5 x 20 / 0.25 = 600 s."""
+    requests that would miss the SLO through it (as many as were held through its past cold
+    starts, or cold_start_misses at the rate while active; none when the cold start is within
+    the SLO) x miss_price_slice_s / the replica's slice. Set while traffic flows, kept through
+    idle time. E.g. 3/s, a 2.5 s cold start, SLO 200 ms: 1 + 3 x 2.3 = 7.9 misses x 20 / 0.25
+    = 632 s."""
     if not active or config.miss_price_slice_s <= 0:
         return state.cold_cost_s
-    misses = max(1.0, cold_misses, rate_avg * lead_s(snapshot, config))
+    lead, slo_s = lead_s(snapshot, config), spec.slo_p95_ms / 1000.0
+    if lead <= slo_s:
+        return 0.0
+    misses = max(cold_misses, cold_start_misses(rate_avg, lead, slo_s))
     return misses * config.miss_price_slice_s / (snapshot.slice_fraction or 1.0)
 
 

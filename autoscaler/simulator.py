@@ -159,6 +159,10 @@ class _Reactive:
     def quiet_until(self, fid: int, current: int, now: float, lead_s: float) -> float:
         return now  # no promise: looked at every tick
 
+    def keep_alive_s(self, fid: int, spec: ScalingSpec) -> float:
+        """How long the policy keeps an idle replica (what a lent slice is priced by): the spec's."""
+        return spec.idle_to_zero_s
+
     def scheduled(self, tick: int) -> list[tuple[int, int]]:
         return []
 
@@ -219,6 +223,11 @@ class ShoalPolicy(_Reactive):
         state = self.states.get(fid)
         return now if state is None else self.module.quiet_until(state, self.specs[fid], current, now, lead_s,
                                                                  self._config)
+
+    def keep_alive_s(self, fid: int, spec: ScalingSpec) -> float:
+        """The policy's own keep-alive (policy.keep_alive_s), as the live loop hands the scaler."""
+        state = self.states.get(fid)
+        return spec.idle_to_zero_s if state is None else self.module.keep_alive_s(state, spec, self._config)
 
 
 # The activator's hop: KServe measured 2-3 ms for queue-proxy and activator together
@@ -445,6 +454,7 @@ class Simulation:
         self.tick_busy = np.zeros(n)
         self.tick_p95 = np.full(n, np.nan)
         self.tick_over = np.zeros(n)  # requests over their SLO
+        self.tick_refused = np.zeros(n)  # held requests that timed out (the gateway's 504: a miss it counts)
         self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
@@ -615,6 +625,7 @@ class Simulation:
             expired = sum(1 for t in waiting if t <= limit)
             if expired:
                 self.timed_out += expired
+                self.tick_refused[fid] += expired
                 del waiting[:expired]
                 if not waiting:
                     del self.held[fid]
@@ -628,6 +639,7 @@ class Simulation:
         self.tick_scraped[:] = True
         self.tick_p95[:] = np.nan
         self.tick_over[:] = 0.0
+        self.tick_refused[:] = 0.0
         if len(a) == 0:
             return
         dt = self.config.tick_s
@@ -850,8 +862,8 @@ class Simulation:
         self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
         # p95 and the share over the SLO as the controller reads them: from the gateway's latency
         # histogram (from arrival), interpolated inside its buckets (metrics.quantile,
-        # fraction_over); e.g. 8 requests of 60-95 ms and one of 110 ms: p95 in (0.1, 0.25],
-        # 0.1 + 0.15 x (8.55 - 8) = 0.1825 s, and 1/3 of that one over a 200 ms SLO
+        # fraction_over); e.g. 8 requests of 60-95 ms and one of 110 ms: p95 in (0.1, 0.15],
+        # 0.1 + 0.05 x (8.55 - 8) = 0.1275 s, and none over a 200 ms SLO
         present = np.flatnonzero(n_f)
         row = np.zeros(n, np.int64)
         row[present] = np.arange(len(present))
@@ -958,9 +970,12 @@ class Simulation:
         with np.errstate(divide="ignore", invalid="ignore"):
             duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
             service = np.where(seen > 0, busy / seen, np.nan)
-            over_slo = np.where(n > 0, self.tick_over[fids] / n, 0.0)  # the gateway's: it saw them all
+            # the gateway's: it saw them all, the held ones that timed out as misses past every bound
+            refused = self.tick_refused[fids]
+            over_slo = np.where(n + refused > 0, (self.tick_over[fids] + refused) / (n + refused), 0.0)
+            p95 = np.where(refused > 0.05 * (n + refused), GATEWAY_BOUNDS[-2], self.tick_p95[fids])
         tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
-                          duty.tolist(), (seen / dt).tolist(), self.tick_p95[fids].tolist(), service.tolist(),
+                          duty.tolist(), (seen / dt).tolist(), p95.tolist(), service.tolist(),
                           over_slo.tolist(), now, dt)
         acted, quiet = self.policy.look_each(tick, self._functions)
         if quiet is not None:
@@ -1138,8 +1153,8 @@ class Simulation:
                ) -> tuple[np.ndarray, np.ndarray]:
         """The rank and value of the k-th replica (1 the first) of each of `fids` that has traffic:
         FLOOR for its first, NEED up to its need, HEADROOM above; the value the requests per second
-        it carries per slice (its share of the function's: rate / min(k, need) ... / k above
-        need). A function without traffic: IDLE, value 0 (a pre-warm fits only a free slice; an
+        it carries per slice (its share of the function's: rate / need within the need, rate / k
+        above it). A function without traffic: IDLE, value 0 (a pre-warm fits only a free slice; an
         idle replica's value is its take-back cost, _holds)."""
         rate, n = traffic[fids], need[fids]
         ranks = np.where(rate <= 0, IDLE, np.where(k == 1, FLOOR, np.where(k <= n, NEED, HEADROOM)))
@@ -1152,7 +1167,7 @@ class Simulation:
         can take the rest). A function's replicas count in order: ready ones oldest first, then
         those starting, so the newest go first. One without traffic in the tick is idle: its first
         replica ranked by the cost of taking it (lending.takeback_cost: the chance of a request
-        before the spec's keep-alive ends x its cold-start misses), IDLE under one late request
+        before the policy's keep-alive ends x its cold-start misses), IDLE under one late request
         and KEPT above; its others IDLE at that cost / k (taking them starts nothing cold)."""
         srv = self.servers
         slots = np.flatnonzero(srv.alive)
@@ -1169,7 +1184,8 @@ class Simulation:
                 if fid not in costs:
                     spec = self.specs[fid]
                     costs[fid] = takeback_cost(Idle("", "", float(rate[fid]), float(self._active_at[fid]),
-                                                    spec.idle_to_zero_s, self._cold[fid], float(self.slo_s[fid])),
+                                                    self.policy.keep_alive_s(fid, spec), self._cold[fid],
+                                                    float(self.slo_s[fid])),
                                                now)[0]
                 v = costs[fid] / kth
                 r = KEPT if kth == 1 and v >= 1.0 else IDLE

@@ -159,20 +159,27 @@ def start_up(state_dir: Path, devices: str, take_back: bool, tick_s: float,
     cmd = [sys.executable, "-m", "deploy.cli", "up", "--port", "0", "--state-dir", str(state_dir),
            "--devices", devices, "--tick-s", str(tick_s), "--log-level", "warning"]
     cmd += ([] if take_back else ["--no-take-back"]) + list(extra)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(state_dir / "up.err", "a"), text=True,
-                            cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    banner = proc.stdout.readline()
+    # stdout to a file, read for the banner: a pipe nobody reads after it would block shoal up once full
+    out_path = state_dir / "up.out"
+    with open(out_path, "w") as out, open(state_dir / "up.err", "a") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=Path(__file__).resolve().parents[1],
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 60
+    banner = ""
+    while "endpoint " not in banner and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        banner = out_path.read_text()
     if "endpoint " not in banner:
         proc.kill()
         raise runner.LoadTestError(f"shoal up did not start: {banner}{(state_dir / 'up.err').read_text()[-2000:]}")
     url = banner.split("endpoint ", 1)[1].split()[0]
-    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
                 return proc, url
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     proc.kill()
     raise runner.LoadTestError("shoal up was not ready within 60 s")
 

@@ -144,14 +144,22 @@ def test_a_ramp_is_one_burst():
 
 
 def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_lets_go():
-    # replicas 3, the need back at 0.5, a reserve of 3.0 from t = 100: held at ceil(0.5 + 3.0) = 4 >= 3
+    # 3 replicas; at t = 160 the need reads 0 (1 rps, no work measured), so its low over the
+    # horizon is 0, and the reserve, 3.0 x e^(-60/600) = 2.71 from t = 100, holds ceil(0 + 2.71)
+    # = 3; without it the delay window's largest need (0.5) lets 3 halve to 2
     state = rises([(float(t), 5.0 if t == 10 else 3.5 if t == 100 else 0.5) for t in range(160)])
     state = state._replace(last_active_at=159.0)
-    decision, _ = decide(snap(ready=3, rps=1.0, at=160.0), ScalingSpec(max_replicas=8), state, 160.0)
-    assert decision.desired >= 3
-    # idle at 3 replicas: the reserve falls under 2 at 100 + 600 ln(3 / 2) = 343.3 s
-    idle = state._replace(needs=((159.0, 0.0),), peak=None)
-    assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(min(159.0 + keep_alive_s(idle, SPEC, DEFAULT_CONFIG), 100.0 + 600.0 * math.log(1.5), 159.0 + 30.0))
+    spec = ScalingSpec(max_replicas=8)
+    decision, _ = decide(snap(ready=3, rps=1.0, at=160.0), spec, state, 160.0)
+    assert (decision.desired, decision.reason) == (3, "STABLE")
+    off, _ = decide(snap(ready=3, rps=1.0, at=160.0), spec, state, 160.0, PolicyConfig(reserve_memory_s=0.0))
+    assert (off.desired, off.reason) == (2, "STABLE")
+    # idle at 3 replicas, its last need at 159 (0.0): the delay window ends at 159 + 30 = 189, but
+    # the reserve stays over 2 until 100 + 600 ln(3 / 2) = 343.3 s: the later of the two; the
+    # keep-alive (300 s cap on a cold start priced at 2,000 s: 159 + 300 = 459) comes after it
+    idle = state._replace(needs=((159.0, 0.0),), peak=None, cold_cost_s=2000.0)
+    assert keep_alive_s(idle, SPEC, DEFAULT_CONFIG) == 300.0
+    assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
 
 
 def test_reserve_off():
