@@ -103,6 +103,9 @@ class Policy(Protocol):
     def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: Any,
                now: float) -> tuple[ScaleDecision, Any]: ...
 
+    def keep_alive_s(self, state: Any, spec: ScalingSpec) -> float:
+        """How long it keeps an idle replica now (what the scaler prices a lent slice by)."""
+
 
 # ---------------------------------------------------------------------- what a tick learns
 
@@ -209,9 +212,8 @@ class Loop:
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
-        keep_alive = getattr(self.policy, "keep_alive_s", None)  # Shoal's says; the baselines' are the spec's
         return Target(spec, revision, decision.desired, decision,
-                      keep_alive(self.memory.policy[name], spec.scaling) if keep_alive is not None else None)
+                      self.policy.keep_alive_s(self.memory.policy[name], spec.scaling))
 
     def _complete(self, name: str, spec: FunctionSpec, fleet: Fleet, reading: Reading) -> MetricsSnapshot:
         """The reading with what the loop learned: batch latencies (policy_table), the cold

@@ -60,6 +60,11 @@ class Kpa:
                now: float) -> tuple[ScaleDecision, Any]:
         return kpa.decide(snapshot, spec, state, now, self.config(spec))
 
+    def keep_alive_s(self, state: Any, spec: ScalingSpec) -> float:
+        """The stable window's drain then the grace period: KPA reaches zero 60 + 30 s after the last request."""
+        config = self.config(spec)
+        return config.stable_window_s + config.scale_to_zero_grace_s
+
 
 @dataclass(frozen=True)
 class RayServe:
@@ -82,6 +87,11 @@ class RayServe:
     def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: ray_serve.RayState,
                now: float) -> tuple[ScaleDecision, ray_serve.RayState]:
         return ray_serve.decide(snapshot, spec, state, now, self.config(spec))
+
+    def keep_alive_s(self, state: ray_serve.RayState, spec: ScalingSpec) -> float:
+        """The 1 -> 0 delay (downscale_to_zero_delay_s, else downscale_delay_s: 600 s by default)."""
+        config = self.config(spec)
+        return config.downscale_delay_s if config.downscale_to_zero_delay_s is None else config.downscale_to_zero_delay_s
 
 
 POLICIES = {"shoal": Shoal, "kpa": Kpa, "ray": RayServe}

@@ -351,3 +351,17 @@ def test_shoal_up_refuses_an_unknown_policy(capsys):
     assert exit_.value.code == 2 and "invalid choice: 'knative'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="policy 'knative' is not one of shoal, kpa, ray"):
         policy_named("knative")
+
+
+def test_each_policy_says_how_long_it_keeps_an_idle_replica():
+    """What the scaler prices a lent slice by (Target.keep_alive_s): KPA drains its 60 s stable
+    window then waits its 30 s grace (90 s); Ray Serve its 600 s downscale delay; Shoal its own
+    keep-alive, the spec's idle_to_zero_s (60 s) before it knows anything."""
+    from autoscaler.policy import PolicyState
+    from autoscaler.baselines import ray_serve
+    from functions.spec import ScalingSpec
+
+    spec = ScalingSpec()
+    assert Kpa().keep_alive_s(Kpa().initial(spec, 0, 0.0), spec) == 90.0
+    assert RayServe().keep_alive_s(ray_serve.RayState(), spec) == 600.0
+    assert Shoal().keep_alive_s(PolicyState(), spec) == 60.0
