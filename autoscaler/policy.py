@@ -475,8 +475,10 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
                 state = state._replace(forecast=(now, trend))
             elif reason == "RESERVE":  # so is the reserve's count, or the low it sits on drops it again
-                kept = state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS
-                state = state._replace(forecast=(now, max(held, state.forecast[1]) if kept else held))
+                last = state.forecast
+                if last is not None and now - last[0] < config.scale_down_delay_s - EPS:
+                    held = max(held, last[1])  # a larger hold still in its window stays
+                state = state._replace(forecast=(now, held))
             return ScaleDecision(desired, reason, detail), state
     idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
     if snapshot.demand == 0 and spec.min_replicas == 0:
