@@ -514,9 +514,9 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
 def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) -> float:
     """How long an idle function keeps its replicas. With a price on a miss (the default) and
     a cold start priced (cold_cost_s): ski rental over its own idle gaps (_ski_rental); past
-    every gap seen, or with fewer than gaps_min gaps, until the idle time has cost one cold
-    start; at least idle_to_zero_s unless no gap is worth covering (then periodic_keep_s), at
-    most keep_alive_max_s. Without (miss_price_slice_s 0, or never active), the hybrid
+    every gap seen, until the idle time has cost one cold start; at least idle_to_zero_s unless
+    no gap is worth covering (then periodic_keep_s), at most keep_alive_max_s; with fewer than
+    gaps_min gaps, the spec's idle_to_zero_s (its user's setting, until the gaps say better). Without (miss_price_slice_s 0, or never active), the hybrid
     histogram of Shahrad et al., "Serverless in the Wild", ATC 2020, in short: the gaps' p90 x
     1.1 when within keep_alive_max_s and over idle_to_zero_s; periodic_keep_s when even their
     p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
@@ -525,11 +525,8 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. docs/design/policy.md."""
     if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
-    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None and state.gap_quantiles is None:
-        # too few gaps to go by: keep on until the idle time has cost what a cold start would
-        return min(max(spec.idle_to_zero_s, state.cold_cost_s), max(spec.idle_to_zero_s, config.keep_alive_max_s))
     if state.gap_quantiles is None:
-        return spec.idle_to_zero_s
+        return spec.idle_to_zero_s  # too few gaps to go by: the spec's own, as its user set it
     if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
         keep = _ski_rental(state.gaps, state.cold_cost_s)
         if keep <= 0:

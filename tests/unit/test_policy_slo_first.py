@@ -69,8 +69,8 @@ KEEP = [
     ("cheap-cold-start", (300.0, 400.0, 500.0, 900.0), 20.0, 10.0),
     # never below idle_to_zero_s (60 s) when some gap is worth covering: gaps 20 s
     ("floor-idle-to-zero", (20.0, 20.0, 20.0, 20.0), 100.0, 100.0),
-    # too few gaps (1 < 4): break-even at once, 120 s
-    ("few-gaps-break-even", (30.0,), 120.0, 120.0),
+    # too few gaps (1 < 4): the spec's idle_to_zero_s, 60 s, however a cold start is priced
+    ("few-gaps-the-specs", (30.0,), 1200.0, 60.0),
     # no cold cost known (never active with a slice): idle_to_zero_s
     ("no-cost", (), None, 60.0),
 ]
