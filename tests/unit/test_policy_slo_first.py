@@ -156,8 +156,10 @@ def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_le
     assert (off.desired, off.reason) == (2, "STABLE")
     # idle at 3 replicas, its last need at 159 (0.0): the delay window ends at 159 + 30 = 189, but
     # the reserve stays over 2 until 100 + 600 ln(3 / 2) = 343.3 s: the later of the two; the
-    # keep-alive (300 s cap on a cold start priced at 2,000 s: 159 + 300 = 459) comes after it
-    idle = state._replace(needs=((159.0, 0.0),), peak=None, cold_cost_s=2000.0)
+    # keep-alive (gaps of 100-200 s all covered, then on toward a cold start priced at 2,000 s,
+    # capped at 300 s: 159 + 300 = 459) comes after it
+    idle = state._replace(needs=((159.0, 0.0),), peak=None, cold_cost_s=2000.0, gaps=(100.0, 120.0, 150.0, 200.0),
+                          gap_quantiles=(100.0, 200.0))
     assert keep_alive_s(idle, SPEC, DEFAULT_CONFIG) == 300.0
     assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
 
