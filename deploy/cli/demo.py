@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             r = shoal.invoke("digits", _body(x[:1]))
             print(f"   functions after restart: {names}; first request {r.status_code} in "
                   f"{(time.perf_counter() - started) * 1000:.0f} ms (cold: {r.headers.get('shoal-cold-start')})")
+            # its model metadata, read from the warm replica now, so the load test below can read it
+            # from the control API without waking the function at zero
+            shoal.http.get("/v2/models/digits").raise_for_status()
             _events(shoal)
         _step(f"9. load test (shoal loadtest): a spike of {args.spike_rate:g} requests/s into the function at zero, open loop")
         report = state / "report"
