@@ -9,7 +9,8 @@ default. Pure: nothing here reads a clock. docs/design/policy.md says how they r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import functools
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoscaler.baselines import kpa, ray_serve
@@ -37,21 +38,26 @@ class Shoal:
         return keep_alive_s(state, spec, self.config)
 
 
+@functools.lru_cache(maxsize=None)  # one per target: a config is built once, not on every look
+def _kpa_config(target: float) -> kpa.KpaConfig:
+    return replace(kpa.KpaConfig(), container_concurrency_target=target)
+
+
+@functools.lru_cache(maxsize=None)
+def _ray_config(target: float) -> ray_serve.RayConfig:
+    return replace(ray_serve.RayConfig(), target_ongoing_requests=target)
+
+
 @dataclass(frozen=True)
 class Kpa:
     """Knative's KPA (autoscaler/baselines/kpa.py): the function's target as its annotation
     target, KpaConfig's defaults for the rest (70 % utilization, 60 s stable window, 30 s to zero)."""
 
     name: str = "kpa"
-    _configs: dict[float, kpa.KpaConfig] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def config(self, spec: ScalingSpec) -> kpa.KpaConfig:
         """E.g. target_concurrency 4: container_concurrency_target 4, so 4 x 0.7 = 2.8 per pod."""
-        found = self._configs.get(spec.target_concurrency)
-        if found is None:
-            found = self._configs[spec.target_concurrency] = replace(
-                kpa.KpaConfig(), container_concurrency_target=spec.target_concurrency)
-        return found
+        return _kpa_config(spec.target_concurrency)
 
     def initial(self, spec: ScalingSpec, ready: int, now: float) -> Any:
         return kpa.initial_state(self.config(spec), ready, now)
@@ -72,14 +78,9 @@ class RayServe:
     `target_ongoing_requests`, RayConfig's defaults for the rest (30 s up, 600 s down)."""
 
     name: str = "ray"
-    _configs: dict[float, ray_serve.RayConfig] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def config(self, spec: ScalingSpec) -> ray_serve.RayConfig:
-        found = self._configs.get(spec.target_concurrency)
-        if found is None:
-            found = self._configs[spec.target_concurrency] = replace(
-                ray_serve.RayConfig(), target_ongoing_requests=spec.target_concurrency)
-        return found
+        return _ray_config(spec.target_concurrency)
 
     def initial(self, spec: ScalingSpec, ready: int, now: float) -> ray_serve.RayState:
         return ray_serve.RayState()

@@ -75,15 +75,21 @@ class _FastReplica:
                            latency_buckets=((0.005, 1.0), (0.25, 1.0), (float("inf"), 1.0)))
 
 
+def _plane(clock: Clock, poked: asyncio.Event, port: int):
+    """A real Gateway and shoal up's loop on the fake clock, the replica at `port` slow to start."""
+    gateway = Gateway(CollectorRegistry(), poke=lambda f: poked.set(), known=lambda n: n == "f", clock=clock)
+    cpus = Inventory((Device("cpu:0", "cpu", 16384, cpus=(0, 1)),))
+    loop = control_loop(_Functions(), _SlowStart(clock, port), gateway, cpus, _FastReplica(clock),
+                        lambda *a, **k: None, CollectorRegistry())
+    loop.scaler.clock = clock
+    return gateway, loop
+
+
 def test_a_request_held_through_a_cold_start_is_a_miss_to_the_controller():
     async def scenario():
         clock, poked = Clock(), asyncio.Event()
         server, port, served = await fake_replica()
-        gateway = Gateway(CollectorRegistry(), poke=lambda f: poked.set(), known=lambda n: n == "f", clock=clock)
-        cpus = Inventory((Device("cpu:0", "cpu", 16384, cpus=(0, 1)),))
-        loop = control_loop(_Functions(), _SlowStart(clock, port), gateway, cpus, _FastReplica(clock),
-                            lambda *a, **k: None, CollectorRegistry())
-        loop.scaler.clock = clock
+        gateway, loop = _plane(clock, poked, port)
         try:
             call = asyncio.ensure_future(Scope(gateway).call())
             await poked.wait()  # held: the function is at zero
@@ -110,11 +116,7 @@ def test_the_next_reading_counts_only_the_requests_answered_since():
     async def scenario():
         clock, poked = Clock(), asyncio.Event()
         server, port, _ = await fake_replica()
-        gateway = Gateway(CollectorRegistry(), poke=lambda f: poked.set(), known=lambda n: n == "f", clock=clock)
-        cpus = Inventory((Device("cpu:0", "cpu", 16384, cpus=(0, 1)),))
-        loop = control_loop(_Functions(), _SlowStart(clock, port), gateway, cpus, _FastReplica(clock),
-                            lambda *a, **k: None, CollectorRegistry())
-        loop.scaler.clock = clock
+        gateway, loop = _plane(clock, poked, port)
         try:
             call = asyncio.ensure_future(Scope(gateway).call())
             await poked.wait()
