@@ -10,12 +10,12 @@ out: docs/design/policy.md.
 
 from __future__ import annotations
 
-import bisect
+import inspect
 import math
 import operator
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from autoscaler.metrics import MetricsSnapshot
 from functions.spec import ScalingSpec
@@ -25,7 +25,7 @@ EPS = 1e-9
 
 
 class ScaleDecision(NamedTuple):
-    """What decide() answers; immutable (a NamedTuple, as PolicyState: one is built for every look)."""
+    """What decide() answers; immutable."""
 
     desired: int
     reason: str
@@ -122,42 +122,108 @@ class PolicyConfig:
 DEFAULT_CONFIG = PolicyConfig()
 
 
-class PolicyState(NamedTuple):
-    """What decide() remembers of a function between looks; immutable (a NamedTuple rather
-    than a frozen dataclass: one is built for every decision, and a frozen dataclass's
-    __init__ costs about 4 us here against under 1 us)."""
+class PolicyState:
+    """What decide() remembers of a function between looks; immutable: each look builds a new
+    one, and nothing sets its fields (read-only where compiled). A plain class rather than a
+    NamedTuple, since one is built every look: compiled by mypyc (autoscaler.native) it is a
+    native object, built and read without Python calls, where a NamedTuple built by keyword
+    runs an interpreted __new__ through a dict (about a sixth of a look's instructions in the
+    scale run). Built, copied and compared by name like a NamedTuple (`_replace`, ==, repr);
+    the fields are __init__'s parameters."""
 
-    last_active_at: float | None = None  # last time anything was in flight, held or answered
-    needs: tuple[tuple[float, float], ...] = ()  # (at, replicas needed), the last max(window) seconds
-    onsets: tuple[float, ...] = ()  # when traffic resumed after onset_gap_s of silence
-    duty_avg: float | None = None  # EWMA of the mean replica duty (slice awareness)
-    duty_since: float | None = None  # first sample of that average
-    duty_last: float | None = None  # latest sample
-    slice_fraction: float | None = None  # the slice this policy last asked for
-    slice_at: float | None = None
-    rate_avg: float | None = None  # EWMA of the request rate (time constant rate_window_s)
-    inflight_avg: float | None = None  # and of the requests in flight inside replicas
-    rate_at: float | None = None  # its last sample
-    budget: "Budget | None" = None  # the error budget's window and spare replicas
-    served: float = 0.0  # requests answered in the budget's window so far
-    served_over: float = 0.0  # those slower than the SLO
-    forecast: tuple[float, float] | None = None  # (at, replicas) of the last FORECAST scale-up
-    gaps: tuple[float, ...] = ()  # the last idle gaps: seconds from one activity to the next
-    gap_quantiles: tuple[float, float] | None = None  # their (p10, p90), once gaps_min are known
-    rate_var: float = 0.0  # EWMA of the rate's variance x its window: requests^2 per second (the burst view)
-    rps_last: float | None = None  # the last rate measured over a window, for the next difference
-    # (at, need): the largest need of the delay window (config.scale_down_delay_s) as of the last
-    # look, the latest of equals, carried so that a look need not scan the window (_window_peak).
-    # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
-    peak: tuple[float, float] | None = None
-    rps_last_at: float | None = None  # when rps_last was measured: the next difference waits for a disjoint window
-    rise: float = 0.0  # the largest rise of the need within one cold start lately, decaying ...
-    rise_at: float | None = None  # ... from this time, time constant reserve_memory_s
-    rise2: float = 0.0  # the second largest, of another burst: the reserve (a rise that recurs)
-    rise2_at: float | None = None
-    cold_cost_s: float | None = None  # what a cold start costs, in seconds of one idle replica (keep_alive_s)
-    held_max: float = 0.0  # the most requests held at once through the cold start under way
-    cold_misses: float = 0.0  # requests held through a cold start, as measured (cold starts past)
+    def __init__(
+        self, *,
+        last_active_at: float | None = None,  # last time anything was in flight, held or answered
+        needs: tuple[tuple[float, float], ...] = (),  # (at, replicas needed), the last max(window) seconds
+        onsets: tuple[float, ...] = (),  # when traffic resumed after onset_gap_s of silence
+        duty_avg: float | None = None,  # EWMA of the mean replica duty (slice awareness)
+        duty_since: float | None = None,  # first sample of that average
+        duty_last: float | None = None,  # latest sample
+        slice_fraction: float | None = None,  # the slice this policy last asked for
+        slice_at: float | None = None,
+        rate_avg: float | None = None,  # EWMA of the request rate (time constant rate_window_s)
+        inflight_avg: float | None = None,  # and of the requests in flight inside replicas
+        rate_at: float | None = None,  # its last sample
+        budget: Budget | None = None,  # the error budget's window and spare replicas
+        served: float = 0.0,  # requests answered in the budget's window so far
+        served_over: float = 0.0,  # those slower than the SLO
+        forecast: tuple[float, float] | None = None,  # (at, replicas) of the last FORECAST scale-up
+        gaps: tuple[float, ...] = (),  # the last idle gaps: seconds from one activity to the next
+        gap_quantiles: tuple[float, float] | None = None,  # their (p10, p90), once gaps_min are known
+        rate_var: float = 0.0,  # EWMA of the rate's variance x its window: requests^2 per second (the burst view)
+        rps_last: float | None = None,  # the last rate measured over a window, for the next difference
+        # (at, need): the largest need of the delay window (config.scale_down_delay_s) as of the last
+        # look, the latest of equals, carried so that a look need not scan the window (_window_peak).
+        # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
+        peak: tuple[float, float] | None = None,
+        rps_last_at: float | None = None,  # when rps_last was measured: the next difference waits for a disjoint window
+        rise: float = 0.0,  # the largest rise of the need within one cold start lately, decaying ...
+        rise_at: float | None = None,  # ... from this time, time constant reserve_memory_s
+        rise2: float = 0.0,  # the second largest, of another burst: the reserve (a rise that recurs)
+        rise2_at: float | None = None,
+        cold_cost_s: float | None = None,  # what a cold start costs, in seconds of one idle replica (keep_alive_s)
+        held_max: float = 0.0,  # the most requests held at once through the cold start under way
+        cold_misses: float = 0.0,  # requests held through a cold start, as measured (cold starts past)
+    ) -> None:
+        self.last_active_at: Final = last_active_at
+        self.needs: Final = needs
+        self.onsets: Final = onsets
+        self.duty_avg: Final = duty_avg
+        self.duty_since: Final = duty_since
+        self.duty_last: Final = duty_last
+        self.slice_fraction: Final = slice_fraction
+        self.slice_at: Final = slice_at
+        self.rate_avg: Final = rate_avg
+        self.inflight_avg: Final = inflight_avg
+        self.rate_at: Final = rate_at
+        self.budget: Final = budget
+        self.served: Final = served
+        self.served_over: Final = served_over
+        self.forecast: Final = forecast
+        self.gaps: Final = gaps
+        self.gap_quantiles: Final = gap_quantiles
+        self.rate_var: Final = rate_var
+        self.rps_last: Final = rps_last
+        self.peak: Final = peak
+        self.rps_last_at: Final = rps_last_at
+        self.rise: Final = rise
+        self.rise_at: Final = rise_at
+        self.rise2: Final = rise2
+        self.rise2_at: Final = rise2_at
+        self.cold_cost_s: Final = cold_cost_s
+        self.held_max: Final = held_max
+        self.cold_misses: Final = cold_misses
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # interpreted, a field once set by __init__ is not set again; compiled, the fields are
+        # read-only and __init__ sets them natively, without coming here
+        if name in getattr(self, "__dict__", ()):
+            raise AttributeError(f"PolicyState is immutable: {name} cannot be set (use _replace)")
+        object.__setattr__(self, name, value)
+
+    def __copy__(self) -> PolicyState:
+        return self  # immutable, as a tuple is
+
+    def __deepcopy__(self, memo: dict[int, object]) -> PolicyState:
+        return self  # and so is each field (numbers, tuples, a Budget)
+
+    def _replace(self, **changes: object) -> PolicyState:
+        """A copy with `changes`, as NamedTuple._replace."""
+        unknown = set(changes) - set(_STATE_FIELDS)
+        if unknown:
+            raise ValueError(f"PolicyState has no field {sorted(unknown)[0]!r}")
+        return PolicyState(**{name: changes.get(name, getattr(self, name)) for name in _STATE_FIELDS})  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other).__name__ != "PolicyState":  # the compiled module's class, too
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _STATE_FIELDS)
+
+    def __repr__(self) -> str:
+        return "PolicyState(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _STATE_FIELDS) + ")"
+
+
+_STATE_FIELDS = tuple(inspect.signature(PolicyState).parameters)
 
 
 def decide(
@@ -317,8 +383,7 @@ def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
                 config: PolicyConfig) -> tuple[tuple[float, float], ...]:
     """Keep the needs of the longest window, plus the newest one older than it, so that
     "seen for a whole window" can be true whatever the tick."""
-    cutoff = window_start(now, config.kept_s)
-    first_inside = bisect.bisect_right(needs, cutoff, key=_time_of)  # needs are in time order
+    first_inside = _first_inside(needs, now, config.kept_s)
     return needs[max(0, first_inside - 1):] + ((now, need),)
 
 
@@ -330,14 +395,40 @@ def window_start(now: float, window_s: float) -> float:
     return cutoff if cutoff < now else math.nextafter(now, -math.inf)
 
 
+def _first_inside(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> int:
+    """The index of the first need inside the window of `window_s` ending at `now` (needs are
+    in time order): a binary search, written out so that a compiled look runs it natively."""
+    cutoff = window_start(now, window_s)
+    low, high = 0, len(needs)
+    while low < high:
+        middle = (low + high) // 2
+        if needs[middle][0] <= cutoff:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
-    start = bisect.bisect_right(needs, window_start(now, window_s), key=_time_of)
-    return max(map(_need_of, needs[start:]), default=0.0)
+    """The largest need within the window (0 if none)."""
+    start = _first_inside(needs, now, window_s)
+    if start == len(needs):
+        return 0.0
+    high = needs[start][1]
+    for i in range(start + 1, len(needs)):
+        high = max(high, needs[i][1])
+    return high
 
 
 def window_min(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
-    start = bisect.bisect_right(needs, window_start(now, window_s), key=_time_of)
-    return min(map(_need_of, needs[start:]), default=0.0)
+    """The smallest need within the window (0 if none)."""
+    start = _first_inside(needs, now, window_s)
+    if start == len(needs):
+        return 0.0
+    low = needs[start][1]
+    for i in range(start + 1, len(needs)):
+        low = min(low, needs[i][1])
+    return low
 
 
 def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, float], ...], now: float,
@@ -354,10 +445,9 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
             and len(needs) > 1 and needs[-2][0] <= latest[0]):
         return peak if peak[1] > latest[1] else latest
     # the newest first, so max() keeps the latest of equals; never empty: needs[-1] is at `now`
-    return max(reversed(needs[bisect.bisect_right(needs, window_start(now, window_s), key=_time_of):]), key=_need_of)
+    return max(reversed(needs[_first_inside(needs, now, window_s):]), key=_need_of)
 
 
-_time_of = operator.itemgetter(0)
 _need_of = operator.itemgetter(1)
 
 
@@ -405,7 +495,7 @@ def trend_need(state: PolicyState, now: float, lead_s: float, config: PolicyConf
     needs = state.needs
     if len(needs) < 3 or not needs[-3][1] < needs[-2][1] < needs[-1][1]:
         return 0.0  # a trend rises over the last three looks; one spike is the burst window's
-    points = needs[bisect.bisect_right(needs, window_start(now, config.trend_window_s), key=_time_of):]
+    points = needs[_first_inside(needs, now, config.trend_window_s):]
     if len(points) < 3:
         return 0.0
     mean_t = sum(t for t, _ in points) / len(points)
@@ -504,6 +594,8 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
         if (idle_s >= config.periodic_keep_s and onset - now > lead_s(snapshot, config) + config.prewarm_margin_s
                 and all(g >= config.onset_gap_s for g in state.gaps[-config.gaps_min:])):
             return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s; periodic, next at t={onset:.0f}")
+    if idle_s < min(spec.idle_to_zero_s, config.periodic_keep_s):
+        return None  # shorter than any keep-alive keep_alive_s gives (an active look, most often)
     keep = keep_alive_s(state, spec, config)
     if idle_s >= keep:
         why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s: {_keep_why(state, config)})"
@@ -559,12 +651,18 @@ def _ski_rental(gaps: tuple[float, ...], cold_cost_s: float) -> float:
     (the SLO first). E.g. gaps 30, 40, 200 s, a cold start worth 100 s: K 0 -> 100; K 30 ->
     30 + 2/3 x 100 = 96.7; K 40 -> (30 + 40 + 40) / 3 + 1/3 x 100 = 70; K 200 -> 90: 40 s.
     Worth 1,000 s: K 200 -> 90, the others more: 200 s."""
-    n = len(gaps)
+    ordered = sorted(gaps)
+    n = len(ordered)
     best, best_cost = 0.0, cold_cost_s
-    for k in sorted(gaps):
-        cost = sum(g if g < k else k for g in gaps) / n + cold_cost_s * sum(1 for g in gaps if g > k) / n
+    shorter = 0.0  # the sum of the gaps before the i-th: each is idle whole under K = ordered[i]
+    longer = n  # gaps past K, counted down past K's equals
+    for i, k in enumerate(ordered):
+        while longer and ordered[n - longer] <= k:
+            longer -= 1
+        cost = (shorter + k * (n - i)) / n + cold_cost_s * longer / n
         if cost <= best_cost + EPS:
             best, best_cost = k, cost
+        shorter += k
     return best
 
 
