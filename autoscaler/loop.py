@@ -18,7 +18,8 @@ from typing import Any, Callable, Collection, NamedTuple, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.coldstarts import ColdStarts, forget_others
-from autoscaler.metrics import MetricsSnapshot, learn_batch_latency
+from autoscaler.metrics import learn_batch_latency
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policies import Shoal
 from autoscaler.policy import ScaleDecision
 from functions.spec import FunctionSpec, ScalingSpec

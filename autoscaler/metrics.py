@@ -3,18 +3,19 @@
 A `ReplicaStat` is one scrape of a replica's /metrics, parsed with
 prometheus_client's own parser. Rates (duty cycle, requests per second) and
 windowed latency quantiles come from the difference of two readings, so nothing
-here reads a clock: `at` is passed in. `serving` may import this module.
+here reads a clock: `at` is passed in. `serving` may import this module. The
+`MetricsSnapshot` they make is defined in `autoscaler.snapshot`, a module of its own that the
+simulator compiles with the policy; it is named here too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import NamedTuple
 
 import numpy as np
+
+from autoscaler.snapshot import MetricsSnapshot as MetricsSnapshot  # named here too (a re-export)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,35 +224,3 @@ def learn_batch_latency(table: tuple[tuple[float, float], ...], size: float, sec
     if not merged:
         out.append((size, seconds))
     return tuple(sorted(out))
-
-
-class MetricsSnapshot(NamedTuple):
-    """What a function looks like at `at`: the input of `decide()`. Immutable; a NamedTuple
-    rather than a frozen dataclass since the simulator builds one per function and tick
-    (a frozen dataclass's __init__ costs about 3.5 us here, this under 1 us)."""
-
-    function: str
-    at: float
-    ready: int = 0
-    starting: int = 0
-    inflight: float = 0.0  # inside replicas (queued or running)
-    queued: float = 0.0  # waiting in replicas' batch queues
-    activator_queue: int = 0  # held at the gateway, waiting for a replica
-    duty: tuple[float, ...] = ()  # busy fraction per ready replica over the last window
-    rps: float = 0.0
-    p95_s: float | None = None
-    cold_start_s: float | None = None  # last measured, for cold-start-aware policies
-    slice_fraction: float | None = None  # the share of a device new replicas get now
-    service_s: float | None = None  # executor seconds per answered request over the window
-    # latency of a batch by the requests in it on this function's slice, ((requests, seconds), ...),
-    # the smallest first; learned from the replicas' batches (batch_window, learn_batch_latency).
-    # Empty while unknown or for a model that does not batch.
-    batch_latency_s: tuple[tuple[float, float], ...] = ()
-    over_slo: float = 0.0  # fraction of the window's answered requests slower than the function's SLO
-    window_s: float = 0.0  # the seconds rps was measured over (0: unknown, e.g. between ticks)
-    extra: Mapping[str, float] = MappingProxyType({})  # read-only: one empty default shared by all
-
-    @property
-    def demand(self) -> float:
-        """Requests wanting service now: inside replicas plus held at the gateway."""
-        return self.inflight + self.activator_queue

@@ -29,6 +29,9 @@ from pathlib import Path
 from types import ModuleType
 
 BUILD_TIMEOUT_S = 600.0
+# decide() with the records one look builds and reads and the tick's looks, in import order:
+# one mypyc group, so that a look is native calls and native objects throughout
+POLICY_GROUP = ("autoscaler.record", "autoscaler.snapshot", "autoscaler.policy", "autoscaler.looks")
 _loaded: dict[tuple[str, ...], tuple[ModuleType, ...]] = {}
 
 

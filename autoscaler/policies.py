@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoscaler.baselines import kpa, ray_serve
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, keep_alive_s
 from functions.spec import ScalingSpec
 

@@ -10,14 +10,14 @@ out: docs/design/policy.md.
 
 from __future__ import annotations
 
-import inspect
 import math
 import operator
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
 from typing import Final, NamedTuple
 
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.record import Record, set_once
+from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import ScalingSpec
 
 REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE", "RESERVE")
@@ -122,14 +122,9 @@ class PolicyConfig:
 DEFAULT_CONFIG = PolicyConfig()
 
 
-class PolicyState:
+class PolicyState(Record):
     """What decide() remembers of a function between looks; immutable: each look builds a new
-    one, and nothing sets its fields (read-only where compiled). A plain class rather than a
-    NamedTuple, since one is built every look: compiled by mypyc (autoscaler.native) it is a
-    native object, built and read without Python calls, where a NamedTuple built by keyword
-    runs an interpreted __new__ through a dict (about a sixth of a look's instructions in the
-    scale run). Built, copied and compared by name like a NamedTuple (`_replace`, ==, repr);
-    the fields are __init__'s parameters."""
+    one (a Record, as the snapshot: native where compiled)."""
 
     def __init__(
         self, *,
@@ -195,35 +190,7 @@ class PolicyState:
         self.cold_misses: Final = cold_misses
 
     def __setattr__(self, name: str, value: object) -> None:
-        # interpreted, a field once set by __init__ is not set again; compiled, the fields are
-        # read-only and __init__ sets them natively, without coming here
-        if name in getattr(self, "__dict__", ()):
-            raise AttributeError(f"PolicyState is immutable: {name} cannot be set (use _replace)")
-        object.__setattr__(self, name, value)
-
-    def __copy__(self) -> PolicyState:
-        return self  # immutable, as a tuple is
-
-    def __deepcopy__(self, memo: dict[int, object]) -> PolicyState:
-        return self  # and so is each field (numbers, tuples, a Budget)
-
-    def _replace(self, **changes: object) -> PolicyState:
-        """A copy with `changes`, as NamedTuple._replace."""
-        unknown = set(changes) - set(_STATE_FIELDS)
-        if unknown:
-            raise ValueError(f"PolicyState has no field {sorted(unknown)[0]!r}")
-        return PolicyState(**{name: changes.get(name, getattr(self, name)) for name in _STATE_FIELDS})  # type: ignore[arg-type]
-
-    def __eq__(self, other: object) -> bool:
-        if type(other).__name__ != "PolicyState":  # the compiled module's class, too
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _STATE_FIELDS)
-
-    def __repr__(self) -> str:
-        return "PolicyState(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _STATE_FIELDS) + ")"
-
-
-_STATE_FIELDS = tuple(inspect.signature(PolicyState).parameters)
+        set_once(self, name, value)  # its own, not inherited: see autoscaler.record
 
 
 def decide(

@@ -25,7 +25,8 @@ from autoscaler.lending import (
     RANKS, Idle, Rate, Short, TakeBack, Want, idle_holds, observe_rate, share, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
-from autoscaler.metrics import MetricsSnapshot, ReplicaStat, duty_cycle
+from autoscaler.metrics import ReplicaStat, duty_cycle
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime

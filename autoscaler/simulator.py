@@ -31,7 +31,8 @@ from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
 )
 from autoscaler.loop import Memory, policy_table
-from autoscaler.metrics import LATENCY_BUCKETS_S, MetricsSnapshot, fractions_over, quantiles
+from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Device, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
 from autoscaler.traces import Trace
@@ -117,6 +118,7 @@ class SimPolicy(Protocol):
     reactive: bool  # decides from metrics; False: a schedule known in advance
     lends: bool  # runs on Shoal's controller: idle slices lent, a full cluster shared (Simulation._share_out)
     default_cold_start_s: float  # the cold start its decide() assumes until one is measured
+    snapshot_type: type  # the class of the snapshots its decide() takes
 
     def cold_start_s(self, profile: Profile) -> float: ...
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision: ...
@@ -128,6 +130,7 @@ class SimPolicy(Protocol):
 
 class _Reactive:
     reactive = True
+    snapshot_type: type = MetricsSnapshot  # the class of the snapshots decide() takes
     lends = False  # the peers' autoscalers as published: a replica that does not fit is not placed
     # what decide() reads for a snapshot without a measured cold start (Shoal's lead_s; the
     # baselines read none)
@@ -169,8 +172,8 @@ class _Reactive:
 
 class ShoalPolicy(_Reactive):
     """Shoal's decide() per function, a tick's looks in one call (autoscaler.looks). `compiled`
-    (the default): policy.py and looks.py compiled by mypyc in one group (autoscaler.native), the
-    same sources, several times faster; where they cannot be built the interpreted modules run
+    (the default): policy.py and looks.py compiled by mypyc in one group with the records a look
+    builds (native.POLICY_GROUP), the same sources, several times faster; where they cannot be built the interpreted modules run
     instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
     interpreter runs them, the reference a compiled run is checked against. `name`: the
     policy's line in a comparison (shoal-fixed: slice hints off)."""
@@ -184,8 +187,9 @@ class ShoalPolicy(_Reactive):
         self.module, self.looks, self.engine = policy, looks, "interpreted"
         if compiled:
             try:
-                (self.module, self.looks), self.engine = \
-                    native.load_group(("autoscaler.policy", "autoscaler.looks")), "compiled (mypyc)"
+                (_, snapshots, self.module, self.looks), self.engine = \
+                    native.load_group(native.POLICY_GROUP), "compiled (mypyc)"
+                self.snapshot_type = snapshots.MetricsSnapshot  # what the compiled decide() takes
             except native.CompileError as error:
                 warnings.warn(f"policy.py and looks.py run interpreted, several times slower: {error}", RuntimeWarning,
                               stacklevel=2)
@@ -990,7 +994,7 @@ class Simulation:
         if ready and not self._measured[fid]:
             self._measure_cold((fid,))
         self._asking = (fid, activator_queue)  # the requests a replica it cannot place waits for (_share_out)
-        self._look(fid, MetricsSnapshot(self._names[fid], now, ready=ready, starting=len(mine) - ready,
+        self._look(fid, self.policy.snapshot_type(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                         activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                         slice_fraction=self._slice_of[fid],
                                         batch_latency_s=self._tables[fid]),  # as learned so far

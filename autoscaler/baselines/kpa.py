@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import ScaleDecision
 from functions.spec import ScalingSpec
 

@@ -16,7 +16,6 @@ from typing import Protocol
 
 from autoscaler.loop import Fleet, Reading
 from autoscaler.metrics import (
-    MetricsSnapshot,
     ReplicaStat,
     advance_window,
     batch_window,
@@ -28,6 +27,7 @@ from autoscaler.metrics import (
     request_rate,
 )
 from autoscaler.replicas import Replica, ReplicaScaler
+from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import LIMITS, FunctionSpec
 
 log = logging.getLogger("shoal.controller")

@@ -23,12 +23,12 @@ import httpx
 
 from autoscaler.loop import Fleet, Reading
 from autoscaler.metrics import (
-    MetricsSnapshot,
     ReplicaStat,
     batch_window,
     cumulative_histogram,
     fraction_over,
 )
+from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import FunctionSpec
 
 log = logging.getLogger("shoal.prometheus")

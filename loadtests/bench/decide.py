@@ -21,7 +21,7 @@ from types import ModuleType
 sys.path.insert(0, str(Path.cwd()))  # the checkout it is run from, for comparing commits
 
 from autoscaler import policy  # noqa: E402
-from autoscaler.metrics import MetricsSnapshot  # noqa: E402
+from autoscaler.snapshot import MetricsSnapshot  # noqa: E402
 from functions.spec import ScalingSpec  # noqa: E402
 
 SPEC = ScalingSpec(slo_p95_ms=50.0, target_concurrency=2.0)
@@ -30,8 +30,9 @@ SPEC = ScalingSpec(slo_p95_ms=50.0, target_concurrency=2.0)
 def looks(n: int, module: ModuleType = policy) -> None:
     """`n` looks through `module`'s decide(): policy.py, or policy.py compiled."""
     state, config = module.PolicyState(), module.PolicyConfig()
+    snapshot_type = module.MetricsSnapshot  # the class its decide() takes (compiled with it, or not)
     for t in range(n):
-        snapshot = MetricsSnapshot("f", float(t), ready=3, inflight=1.0, duty=(0.3,) * 3, rps=1000.0 + (t % 7) * 30,
+        snapshot = snapshot_type("f", float(t), ready=3, inflight=1.0, duty=(0.3,) * 3, rps=1000.0 + (t % 7) * 30,
                                    p95_s=0.004, service_s=0.001, cold_start_s=2.0, slice_fraction=0.125)
         _, state = module.decide(snapshot, SPEC, state, float(t), config)
 
@@ -48,7 +49,7 @@ def compiled() -> ModuleType | None:
     except ImportError:
         return None
     try:
-        return native.load("autoscaler.policy")
+        return native.load_group(native.POLICY_GROUP)[2]
     except native.CompileError as error:
         print(f"policy.py not compiled: {error}", file=sys.stderr)
         return None

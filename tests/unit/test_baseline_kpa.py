@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.baselines.kpa import Buckets, KpaConfig, KpaState, decide, initial_state, scale_step
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import ScalingSpec
 
 CFG = KpaConfig()

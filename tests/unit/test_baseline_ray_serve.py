@@ -21,7 +21,7 @@ from autoscaler.baselines.ray_serve import (
     record_sample,
     window_average,
 )
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import ScalingSpec
 
 SPEC = ScalingSpec(min_replicas=0, max_replicas=8)

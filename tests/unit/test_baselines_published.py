@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoscaler.baselines import kpa, ray_serve, tuned
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.simulator import (ACTIVATOR_HOP_S, Profile, SimConfig, Simulation, kpa_policy, kpa_tuned_policy,
                                   ray_policy, ray_tuned_policy)
 from autoscaler.traces import Trace

@@ -13,12 +13,12 @@ import math
 import pytest
 
 from autoscaler.metrics import (
-    MetricsSnapshot,
     batch_window,
     fraction_over,
     learn_batch_latency,
     parse_replica_metrics,
 )
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import (
     DEFAULT_CONFIG,
     Budget,

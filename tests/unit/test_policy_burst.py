@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, _variance_sample, decide, estimate_need
 from autoscaler.simulator import PROFILES, SimConfig, simulate
 from autoscaler.traces import make_trace

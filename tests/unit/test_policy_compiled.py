@@ -21,13 +21,13 @@ from autoscaler import native
 from autoscaler import looks as interpreted_looks
 from autoscaler import policy as interpreted
 from autoscaler import simulator as S
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import PolicyConfig
 from autoscaler.traces import make_trace
 from functions.spec import ScalingSpec
 
 try:
-    compiled = native.load("autoscaler.policy")
+    _, compiled_snapshot, compiled, compiled_looks = native.load_group(native.POLICY_GROUP)
 except native.CompileError as error:  # pragma: no cover - mypyc and a C compiler are dev dependencies
     if ": error:" in str(error):
         # mypy refused policy.py or looks.py: a defect of the source, not a missing tool (the simulator
@@ -110,7 +110,7 @@ def _looks(rng: np.random.Generator, steps: int, start: float = 100.0):
                          ids=["default", "no-averaging", "long-burst", "short-windows", "zero-windows-wall-clock"])
 def test_every_look_is_the_same_compiled_or_not(config, start):
     """120 functions x 150 looks per config: the same decision (count, reason, detail, slice)
-    and the same state (a NamedTuple equals another of the same fields), and the same
+    and the same state (a Record equals another of the same fields), and the same
     quiet_until() and next_onset() after it. The reasons seen show the walks reach every
     branch that changes a count."""
     rng = np.random.default_rng(7)
@@ -123,7 +123,8 @@ def test_every_look_is_the_same_compiled_or_not(config, start):
         now, snapshot = next(looks)
         while True:
             decision, mine = interpreted.decide(snapshot, spec, mine, now, config)
-            other, theirs = compiled.decide(snapshot, spec, theirs, now, own)
+            other, theirs = compiled.decide(compiled_snapshot.MetricsSnapshot(**snapshot._asdict()), spec, theirs,
+                                            now, own)
             assert tuple(other) == tuple(decision)
             assert theirs == mine and type(theirs.budget).__name__ == "Budget"
             current = decision.desired
@@ -159,7 +160,7 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
     200 ticks of 40 functions, counts following the decisions; the same looks to act on
     (snapshot and decision), the same quiet times and the same states. And each look is
     decide() on snapshot_of(): the interpreted look_each against decide() one by one."""
-    fast_policy, fast_looks = native.load_group(("autoscaler.policy", "autoscaler.looks"))
+    fast_policy, fast_looks = compiled, compiled_looks
     rng = np.random.default_rng(11)
     n = 40
     specs = [_spec(rng) for _ in range(n)]
@@ -176,8 +177,8 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
         tick = _tick(rng, fids, [replicas[f] for f in fids], 100.0 + step)
         acted, quiet = interpreted_looks.look_each(tick, functions, mine)
         other, other_quiet = fast_looks.look_each(tick, functions, theirs, fast_policy.PolicyConfig())
-        assert [(a.fid, tuple(a.snapshot), tuple(a.decision)) for a in other] == \
-            [(a.fid, tuple(a.snapshot), tuple(a.decision)) for a in acted]
+        assert [(a.fid, a.snapshot, tuple(a.decision)) for a in other] == \
+            [(a.fid, a.snapshot, tuple(a.decision)) for a in acted]
         assert other_quiet == quiet and theirs == mine
         for i, fid in enumerate(fids):
             snapshot = interpreted_looks.snapshot_of(tick, i, functions)
@@ -295,3 +296,29 @@ def test_the_type_check_tree_holds_packages_as_their_init(tmp_path):
     assert (tmp_path / "autoscaler" / "placement" / "types.py").read_bytes() == sources["autoscaler.placement.types"]
     assert (tmp_path / "autoscaler" / "__init__.py").read_bytes() == b""
     assert (tmp_path / "functions" / "spec.py").read_bytes() == b"X = 1\n"
+
+
+@pytest.mark.parametrize("name", ["MetricsSnapshot", "PolicyState"])
+def test_records_compare_field_by_field_compiled_or_not(name):
+    """A compiled record keeps no signature; its fields come from mypyc's list of native
+    attributes, the same names in the same order, so == weighs every field: a record one field
+    apart is unequal, compiled against interpreted both ways, and _replace builds by name."""
+    from autoscaler import policy as interpreted_policy, snapshot as interpreted_snapshot
+    from autoscaler.record import fields_of
+
+    fast = compiled_snapshot.MetricsSnapshot if name == "MetricsSnapshot" else compiled.PolicyState
+    slow = interpreted_snapshot.MetricsSnapshot if name == "MetricsSnapshot" else interpreted_policy.PolicyState
+    names = fields_of(slow)
+    assert len(names) > 10 and fields_of(fast) == names
+    args = ("f", 1.0) if name == "MetricsSnapshot" else ()
+    a, b = fast(*args), slow(*args)
+    assert a == b and b == a
+    for field in names[len(args):]:
+        value = getattr(b, field)
+        other = {"extra": {"x": 1.0}, "budget": compiled.Budget(3.0), "needs": ((1.0, 2.0),),
+                 "batch_latency_s": ((1.0, 0.01),), "forecast": (1.0, 2.0), "gap_quantiles": (1.0, 2.0),
+                 "peak": (1.0, 2.0)}.get(field, 7 if isinstance(value, int) else (7.5,) if isinstance(value, tuple)
+                                        else "g" if isinstance(value, str) else 7.5)
+        assert a._replace(**{field: other}) != b and b != a._replace(**{field: other}), field
+    with pytest.raises(AttributeError):
+        setattr(a, names[-1], 1)

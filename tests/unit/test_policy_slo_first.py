@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from autoscaler.metrics import MetricsSnapshot
+from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import (
     DEFAULT_CONFIG,
     PolicyConfig,
