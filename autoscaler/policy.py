@@ -14,23 +14,28 @@ import math
 import operator
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
-from typing import Final, NamedTuple
+from typing import Final
 
 from autoscaler.record import Record, set_once
 from autoscaler.snapshot import MetricsSnapshot
 from functions.spec import ScalingSpec
 
 REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE", "RESERVE")
-EPS = 1e-9
+EPS: Final = 1e-9
 
 
-class ScaleDecision(NamedTuple):
+class ScaleDecision(Record):
     """What decide() answers; immutable."""
 
-    desired: int
-    reason: str
-    detail: str = ""
-    slice_fraction: float | None = None  # new replicas should use this share of a device
+    def __init__(self, desired: int, reason: str, detail: str = "",
+                 slice_fraction: float | None = None) -> None:  # new replicas should use this share of a device
+        self.desired: Final = desired
+        self.reason: Final = reason
+        self.detail: Final = detail
+        self.slice_fraction: Final = slice_fraction
+
+    def __setattr__(self, name: str, value: object) -> None:
+        set_once(self, name, value)  # its own, not inherited: see autoscaler.record
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +240,16 @@ def decide(
 # ---------------------------------------------------------------------- the need
 
 
-class Need(NamedTuple):
-    replicas: float  # fractional replicas this load needs now
-    by: str  # what set it: work | concurrency | slo
-    numbers: tuple[float, ...]  # what it was computed from, formatted only when a detail is shown
+class Need(Record):
+    def __init__(self, replicas: float,  # fractional replicas this load needs now
+                 by: str,  # what set it: work | concurrency | slo | burst | budget
+                 numbers: tuple[float, ...]) -> None:  # what it was computed from, formatted only when a detail is shown
+        self.replicas: Final = replicas
+        self.by: Final = by
+        self.numbers: Final = numbers
+
+    def __setattr__(self, name: str, value: object) -> None:
+        set_once(self, name, value)  # its own, not inherited: see autoscaler.record
 
     @property
     def detail(self) -> str:
@@ -721,16 +732,20 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
-class Budget(NamedTuple):
+class Budget(Record):
     """The error budget's window (begun at `since`), the spare replicas it holds, how many
     windows in a row stayed well inside it, and the fraction over the SLO in the last one.
     It changes only when a window ends; the requests of the running window are counted in
     PolicyState.served and served_over."""
 
-    since: float
-    spare: int = 0
-    clean: int = 0
-    last_over: float = 0.0
+    def __init__(self, since: float, spare: int = 0, clean: int = 0, last_over: float = 0.0) -> None:
+        self.since: Final = since
+        self.spare: Final = spare
+        self.clean: Final = clean
+        self.last_over: Final = last_over
+
+    def __setattr__(self, name: str, value: object) -> None:
+        set_once(self, name, value)  # its own, not inherited: see autoscaler.record
 
 
 def _budget_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
