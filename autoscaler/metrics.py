@@ -4,8 +4,8 @@ A `ReplicaStat` is one scrape of a replica's /metrics, parsed with
 prometheus_client's own parser. Rates (duty cycle, requests per second) and
 windowed latency quantiles come from the difference of two readings, so nothing
 here reads a clock: `at` is passed in. `serving` may import this module. The
-`MetricsSnapshot` they make is defined in `autoscaler.snapshot`, a module of its own that the
-simulator compiles with the policy; it is named here too.
+`MetricsSnapshot` the metrics sources build from these is defined in `autoscaler.snapshot`, a
+module of its own that the simulator compiles with the policy, and named here too.
 """
 
 from __future__ import annotations

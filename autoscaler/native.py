@@ -2,13 +2,13 @@
 
 The simulator's scale run makes millions of looks of `autoscaler.policy.decide()`; the same
 source compiled by mypyc runs them several times faster, so there is one `decide()` and no
-second copy of its arithmetic. `load("autoscaler.policy")` builds the module once into a
-cache keyed by a hash of its source, of the project sources it imports (their types are
+second copy of its arithmetic. `load_group(POLICY_GROUP)` (or `load` of one module) builds the
+modules once into a cache keyed by a hash of their source, of the project sources it imports (their types are
 compiled in), of the compiler's version and of the Python it runs on, and loads it under a
 name of its own (`shoal_policy_<key>`), beside the interpreted module: an edited source has
-another key, so a stale build is never loaded. `load_group` compiles several modules in one
-mypyc group (their imports of each other renamed to the group's names), so that calls between
-them are native C calls. Without mypyc or a C compiler it raises `CompileError` saying why, and
+another key, so a stale build is never loaded. A group is compiled as one (the modules' imports
+of each other renamed to the group's names), so that calls between them are native C calls and
+their classes native objects. Without mypyc or a C compiler it raises `CompileError` saying why, and
 the caller keeps the interpreted modules.
 """
 

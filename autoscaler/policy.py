@@ -241,9 +241,11 @@ def decide(
 
 
 class Need(Record):
+    """The replicas a load needs now, what set it, and the numbers it was computed from."""
+
     def __init__(self, replicas: float,  # fractional replicas this load needs now
                  by: str,  # what set it: work | concurrency | slo | burst | budget
-                 numbers: tuple[float, ...]) -> None:  # what it was computed from, formatted only when a detail is shown
+                 numbers: tuple[float, ...]) -> None:  # formatted only when a detail is shown
         self.replicas: Final = replicas
         self.by: Final = by
         self.numbers: Final = numbers

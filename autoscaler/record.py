@@ -7,11 +7,14 @@ Python properties (about a third of a look's instructions in the scale run). A s
 fields are its `__init__`'s parameters, each set once as a `Final` attribute: read-only where
 compiled, and interpreted refused a second time by `set_once`, which each subclass calls from a
 `__setattr__` of its own (mypyc sets the fields of a class natively only where the class itself
-defines `__setattr__`, not where it inherits one).
+defines `__setattr__`, not where it inherits one). Unlike a NamedTuple, a record is not a
+tuple: no indexing, unpacking or iteration, and its constructor takes keywords past the fields
+it names first.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import TypeVar
 
@@ -38,6 +41,9 @@ class Record:
             return NotImplemented
         return all(getattr(self, name) == getattr(other, name) for name in fields_of(type(self)))
 
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, name) for name in fields_of(type(self))))  # as a tuple's
+
     def __repr__(self) -> str:
         values = ", ".join(f"{name}={getattr(self, name)!r}" for name in fields_of(type(self)))
         return f"{type(self).__name__}({values})"
@@ -46,7 +52,8 @@ class Record:
         return self  # immutable, as a tuple is
 
     def __deepcopy__(self: R, memo: dict[int, object]) -> R:
-        return self  # and so is each field of the records here (numbers, strings, tuples, records)
+        # a field may hold a mutable object (a snapshot's `extra`): copied, as a tuple's items are
+        return type(self)(**{name: copy.deepcopy(value, memo) for name, value in self._asdict().items()})
 
 
 _fields: dict[type, tuple[str, ...]] = {}
@@ -64,8 +71,9 @@ def fields_of(cls: type) -> tuple[str, ...]:
 
 
 def set_once(record: Record, name: str, value: object) -> None:
-    """A Record's __setattr__: interpreted, a field once set by __init__ is not set again;
-    compiled, the fields are read-only and __init__ sets them without coming here."""
-    if name in getattr(record, "__dict__", ()):
+    """A Record's __setattr__: interpreted, a field once set by __init__ is not set again, and
+    nothing else is set; compiled, the fields are read-only and __init__ sets them without
+    coming here."""
+    if name in getattr(record, "__dict__", ()) or name not in fields_of(type(record)):
         raise AttributeError(f"{type(record).__name__} is immutable: {name} cannot be set (use _replace)")
     object.__setattr__(record, name, value)

@@ -173,8 +173,8 @@ class _Reactive:
 class ShoalPolicy(_Reactive):
     """Shoal's decide() per function, a tick's looks in one call (autoscaler.looks). `compiled`
     (the default): policy.py and looks.py compiled by mypyc in one group with the records a look
-    builds (native.POLICY_GROUP), the same sources, several times faster; where they cannot be built the interpreted modules run
-    instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
+    builds (native.POLICY_GROUP), the same sources, several times faster; where they cannot be
+    built the interpreted modules run instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
     interpreter runs them, the reference a compiled run is checked against. `name`: the
     policy's line in a comparison (shoal-fixed: slice hints off)."""
 
@@ -330,6 +330,7 @@ class Scheduled:
     reactive = False
     lends = False
     default_cold_start_s = 0.0
+    snapshot_type: type = MetricsSnapshot  # (no decide() runs)
 
     def __init__(self, name: str, changes: dict[int, list[tuple[int, int]]]):
         self.name, self.changes = name, changes
@@ -995,9 +996,9 @@ class Simulation:
             self._measure_cold((fid,))
         self._asking = (fid, activator_queue)  # the requests a replica it cannot place waits for (_share_out)
         self._look(fid, self.policy.snapshot_type(self._names[fid], now, ready=ready, starting=len(mine) - ready,
-                                        activator_queue=activator_queue, cold_start_s=self._cold[fid],
-                                        slice_fraction=self._slice_of[fid],
-                                        batch_latency_s=self._tables[fid]),  # as learned so far
+                                                  activator_queue=activator_queue, cold_start_s=self._cold[fid],
+                                                  slice_fraction=self._slice_of[fid],
+                                                  batch_latency_s=self._tables[fid]),  # as learned so far
                    now)
 
     def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:

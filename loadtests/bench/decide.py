@@ -21,7 +21,6 @@ from types import ModuleType
 sys.path.insert(0, str(Path.cwd()))  # the checkout it is run from, for comparing commits
 
 from autoscaler import policy  # noqa: E402
-from autoscaler.snapshot import MetricsSnapshot  # noqa: E402
 from functions.spec import ScalingSpec  # noqa: E402
 
 SPEC = ScalingSpec(slo_p95_ms=50.0, target_concurrency=2.0)

@@ -710,15 +710,19 @@ def test_decide_does_not_mutate_and_is_deterministic():
     state = PolicyState(last_active_at=0.0, needs=((1.0, 2.0), (2.0, 3.0), (3.0, 4.0)), onsets=(0.0,),
                         duty_avg=0.9, duty_since=0.0, duty_last=4.0)
     copies = copy.deepcopy((snapshot, SPEC, state, CFG))
+    assert copies[0] is not snapshot and copies[0].extra is not snapshot.extra  # a real copy to compare with
     first = decide(snapshot, SPEC, state, 5.0, CFG)
     second = decide(snapshot, SPEC, state, 5.0, CFG)
     assert (snapshot, SPEC, state, CFG) == copies
     assert first == second
     for obj, name in ((snapshot, "ready"), (SPEC, "max_replicas"), (state, "needs"), (CFG, "burst_window_s"),
                       (first[0], "desired")):
-        # frozen dataclasses raise FrozenInstanceError, the NamedTuple state AttributeError (its base)
+        # frozen dataclasses raise FrozenInstanceError, the records AttributeError (its base)
         with pytest.raises(AttributeError):
             setattr(obj, name, 1)
+    with pytest.raises(AttributeError):  # nor a name it does not have, as a NamedTuple
+        snapshot.redy = 3  # type: ignore[attr-defined]
+    assert hash(state) == hash(copy.deepcopy(state))  # hashable by value, as a tuple
 
 
 def test_the_same_scenario_gives_the_same_decisions():
