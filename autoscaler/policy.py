@@ -557,7 +557,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             return zero, state
     if snapshot.ready and len(snapshot.duty) < snapshot.ready and snapshot.demand == 0 and need.replicas == 0:
         return ScaleDecision(_bound(current, spec), "NO_DATA", "waiting for a second scrape"), state
-    held = window_min(state.needs, now, lead_s(snapshot, config) + 1.0) + reserve(state, now, config)
+    held = low + reserve(state, now, config)  # the need's low over one cold start, as above
     return _scale_down(spec, state, now, current, max(delay_peak, held), config), state
 
 
