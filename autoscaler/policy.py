@@ -11,7 +11,6 @@ out: docs/design/policy.md.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
 from typing import Final
@@ -289,7 +288,7 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
         # (it takes what is queued), and the fewer replicas, the fuller and cheaper each batch
         measured = rps * seconds / rows
     else:
-        measured = max(rps * snapshot.service_s if snapshot.service_s else 0.0, sum(snapshot.duty))
+        measured = max(rps * snapshot.service_s if snapshot.service_s else 0.0, _total(snapshot.duty))
     ratio = snapshot.p95_s / slo_target_s if snapshot.p95_s is not None and snapshot.ready else None
     duty_target = _duty_target(ratio, spec, config)
     by_work = measured / duty_target
@@ -424,11 +423,12 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
     if (peak is not None and window_start(now, window_s) < peak[0] < latest[0]
             and len(needs) > 1 and needs[-2][0] <= latest[0]):
         return peak if peak[1] > latest[1] else latest
-    # the newest first, so max() keeps the latest of equals; never empty: needs[-1] is at `now`
-    return max(reversed(needs[_first_inside(needs, now, window_s):]), key=_need_of)
-
-
-_need_of = operator.itemgetter(1)
+    start = _first_inside(needs, now, window_s)  # never past the end: needs[-1] is at `now`
+    peak = needs[start]
+    for i in range(start + 1, len(needs)):
+        if needs[i][1] >= peak[1]:  # the latest of equals
+            peak = needs[i]
+    return peak
 
 
 def record_activity(state: PolicyState, active: bool, now: float, config: PolicyConfig) -> PolicyState:
@@ -532,7 +532,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
     # over one (raised only while traffic flows; an idle function's keep-alive is keep_alive_s's)
     low = window_min(state.needs, now, lead_s(snapshot, config) + 1.0)
     held = low + reserve(state, now, config) if snapshot.demand > 0 or snapshot.rps > 0 else 0.0
-    up = _ceil(max(trend, burst, held))
+    up = _ceil(max(trend, max(burst, held)))
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
@@ -603,7 +603,7 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
         keep = _ski_rental(state.gaps, state.cold_cost_s)
         if keep <= 0:
             return min(spec.idle_to_zero_s, config.periodic_keep_s)
-        if keep >= max(state.gaps):
+        if all(gap <= keep for gap in state.gaps):
             # every gap seen is covered: a longer one is likely as long again as it has lasted,
             # so keep on until the idle time has cost what a cold start would (2-competitive)
             keep = max(keep, state.cold_cost_s)
@@ -688,18 +688,19 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     replicas, delay 30: min(160, 100 + 30) = 130."""
     if state.last_active_at is None:
         return now
-    times = [state.last_active_at + keep_alive_s(state, spec, config)]
+    until = state.last_active_at + keep_alive_s(state, spec, config)
     onset = next_onset(state, config)
     if onset is not None:
-        times += [state.last_active_at + config.periodic_keep_s, onset - lead - config.prewarm_margin_s]
+        until = min(until, state.last_active_at + config.periodic_keep_s)
+        until = min(until, onset - lead - config.prewarm_margin_s)
     if current > max(1, spec.min_replicas):
         high = [t for t, n in state.needs if _ceil(n) >= current]
         down = (high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s
         if state.rise2_at is not None and state.rise2 > current - 1 and config.reserve_memory_s > 0:
             # the count goes down only once the reserve, too, has decayed below current - 1 (idle: a need of 0)
             down = max(down, state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
-        times.append(down)
-    return max(now, min(times))
+        until = min(until, down)
+    return max(now, until)
 
 
 # ---------------------------------------------------------------------- slice size
@@ -837,7 +838,7 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     window of evidence. No duty sample: unchanged."""
     if not snapshot.duty:
         return state.duty_avg, state.duty_since, state.duty_last
-    mean = sum(snapshot.duty) / len(snapshot.duty)
+    mean = _total(snapshot.duty) / len(snapshot.duty)
     if state.duty_avg is None or state.duty_last is None:
         return mean, now, now
     since = now - state.duty_last
@@ -918,6 +919,15 @@ def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpe
         return 0.0
     misses = max(cold_misses, cold_start_misses(rate_avg, lead, slo_s))
     return misses * config.miss_price_slice_s / (snapshot.slice_fraction or 1.0)
+
+
+def _total(values: tuple[float, ...]) -> float:
+    """sum(values), left to right as sum() adds: a loop, so that a compiled look adds natively
+    (sum() of a tuple is a call into the interpreter)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
 
 
 def _ceil(x: float) -> int:
