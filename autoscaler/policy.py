@@ -126,6 +126,19 @@ class PolicyConfig:
 DEFAULT_CONFIG = PolicyConfig()
 
 
+class NeedAt(Record):
+    """The replicas a function needed at one look (`at`), as PolicyState keeps them. A record
+    rather than an (at, replicas) pair: compiled, its two numbers sit in the object itself,
+    where a pair points to two more objects, and a look scans dozens of them."""
+
+    def __init__(self, at: float, replicas: float) -> None:
+        self.at: Final = at
+        self.replicas: Final = replicas
+
+    def __setattr__(self, name: str, value: object) -> None:
+        set_once(self, name, value)  # its own, not inherited: see autoscaler.record
+
+
 class PolicyState(Record):
     """What decide() remembers of a function between looks; immutable: each look builds a new
     one (a Record, as the snapshot: native where compiled)."""
@@ -133,7 +146,7 @@ class PolicyState(Record):
     def __init__(
         self, *,
         last_active_at: float | None = None,  # last time anything was in flight, held or answered
-        needs: tuple[tuple[float, float], ...] = (),  # (at, replicas needed), the last max(window) seconds
+        needs: tuple[NeedAt, ...] = (),  # the needs of the last max(window) seconds, oldest first
         onsets: tuple[float, ...] = (),  # when traffic resumed after onset_gap_s of silence
         duty_avg: float | None = None,  # EWMA of the mean replica duty (slice awareness)
         duty_since: float | None = None,  # first sample of that average
@@ -146,15 +159,15 @@ class PolicyState(Record):
         budget: Budget | None = None,  # the error budget's window and spare replicas
         served: float = 0.0,  # requests answered in the budget's window so far
         served_over: float = 0.0,  # those slower than the SLO
-        forecast: tuple[float, float] | None = None,  # (at, replicas) of the last FORECAST scale-up
+        forecast: NeedAt | None = None,  # the count of the last FORECAST or RESERVE scale-up, and when
         gaps: tuple[float, ...] = (),  # the last idle gaps: seconds from one activity to the next
         gap_quantiles: tuple[float, float] | None = None,  # their (p10, p90), once gaps_min are known
         rate_var: float = 0.0,  # EWMA of the rate's variance x its window: requests^2 per second (the burst view)
         rps_last: float | None = None,  # the last rate measured over a window, for the next difference
-        # (at, need): the largest need of the delay window (config.scale_down_delay_s) as of the last
+        # the largest need of the delay window (config.scale_down_delay_s) as of the last
         # look, the latest of equals, carried so that a look need not scan the window (_window_peak).
         # None: scan. Whatever replaces `needs` must set it to None; a state is meant for one config
-        peak: tuple[float, float] | None = None,
+        peak: NeedAt | None = None,
         rps_last_at: float | None = None,  # when rps_last was measured: the next difference waits for a disjoint window
         rise: float = 0.0,  # the largest rise of the need within one cold start lately, decaying ...
         rise_at: float | None = None,  # ... from this time, time constant reserve_memory_s
@@ -358,12 +371,12 @@ def _duty_target(ratio: float | None, spec: ScalingSpec, config: PolicyConfig) -
     return spec.target_duty + (high - spec.target_duty) * (1 - ratio) / (1 - low)
 
 
-def _kept_needs(needs: tuple[tuple[float, float], ...], now: float, need: float,
-                config: PolicyConfig) -> tuple[tuple[float, float], ...]:
+def _kept_needs(needs: tuple[NeedAt, ...], now: float, need: float,
+                config: PolicyConfig) -> tuple[NeedAt, ...]:
     """Keep the needs of the longest window, plus the newest one older than it, so that
     "seen for a whole window" can be true whatever the tick."""
     first_inside = _first_inside(needs, now, config.kept_s)
-    return needs[max(0, first_inside - 1):] + ((now, need),)
+    return needs[max(0, first_inside - 1):] + (NeedAt(now, need),)
 
 
 def window_start(now: float, window_s: float) -> float:
@@ -374,45 +387,44 @@ def window_start(now: float, window_s: float) -> float:
     return cutoff if cutoff < now else math.nextafter(now, -math.inf)
 
 
-def _first_inside(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> int:
+def _first_inside(needs: tuple[NeedAt, ...], now: float, window_s: float) -> int:
     """The index of the first need inside the window of `window_s` ending at `now` (needs are
     in time order): a binary search, written out so that a compiled look runs it natively."""
     cutoff = window_start(now, window_s)
     low, high = 0, len(needs)
     while low < high:
         middle = (low + high) // 2
-        if needs[middle][0] <= cutoff:
+        if needs[middle].at <= cutoff:
             low = middle + 1
         else:
             high = middle
     return low
 
 
-def window_max(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
+def window_max(needs: tuple[NeedAt, ...], now: float, window_s: float) -> float:
     """The largest need within the window (0 if none)."""
     start = _first_inside(needs, now, window_s)
     if start == len(needs):
         return 0.0
-    high = needs[start][1]
+    high = needs[start].replicas
     for i in range(start + 1, len(needs)):
-        high = max(high, needs[i][1])
+        high = max(high, needs[i].replicas)
     return high
 
 
-def window_min(needs: tuple[tuple[float, float], ...], now: float, window_s: float) -> float:
+def window_min(needs: tuple[NeedAt, ...], now: float, window_s: float) -> float:
     """The smallest need within the window (0 if none)."""
     start = _first_inside(needs, now, window_s)
     if start == len(needs):
         return 0.0
-    low = needs[start][1]
+    low = needs[start].replicas
     for i in range(start + 1, len(needs)):
-        low = min(low, needs[i][1])
+        low = min(low, needs[i].replicas)
     return low
 
 
-def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, float], ...], now: float,
-                 window_s: float) -> tuple[float, float]:
-    """(at, need) of the largest need within `window_s` of `now` (window_max's), the latest of
+def _window_peak(peak: NeedAt | None, needs: tuple[NeedAt, ...], now: float, window_s: float) -> NeedAt:
+    """The largest need within `window_s` of `now` (window_max's), the latest of
     equals, once needs[-1] was added at `now`. From the last look's peak while that is still
     inside the window (the new need either beats it or not): the window only moved forward, so
     every other need in it was in the last one too. Else (it left the window, none is carried,
@@ -420,13 +432,13 @@ def _window_peak(peak: tuple[float, float] | None, needs: tuple[tuple[float, flo
     E.g. peak (90, 3.0), window 30 s: at 100 a need of 2.0 keeps (90, 3.0), 3.0 gives (100, 3.0);
     at 121 (90 is out) the window is scanned."""
     latest = needs[-1]
-    if (peak is not None and window_start(now, window_s) < peak[0] < latest[0]
-            and len(needs) > 1 and needs[-2][0] <= latest[0]):
-        return peak if peak[1] > latest[1] else latest
+    if (peak is not None and window_start(now, window_s) < peak.at < latest.at
+            and len(needs) > 1 and needs[-2].at <= latest.at):
+        return peak if peak.replicas > latest.replicas else latest
     start = _first_inside(needs, now, window_s)  # never past the end: needs[-1] is at `now`
     peak = needs[start]
     for i in range(start + 1, len(needs)):
-        if needs[i][1] >= peak[1]:  # the latest of equals
+        if needs[i].replicas >= peak.replicas:  # the latest of equals
             peak = needs[i]
     return peak
 
@@ -473,18 +485,18 @@ def trend_need(state: PolicyState, now: float, lead_s: float, config: PolicyConf
     by at most trend_max_boost.
     E.g. needs 2, 3, 4 at t = 0, 1, 2 (slope 1/s), lead 2 s -> 4 + 1 x 2 = 6, capped at 4 x 1.5 = 6."""
     needs = state.needs
-    if len(needs) < 3 or not needs[-3][1] < needs[-2][1] < needs[-1][1]:
+    if len(needs) < 3 or not needs[-3].replicas < needs[-2].replicas < needs[-1].replicas:
         return 0.0  # a trend rises over the last three looks; one spike is the burst window's
     points = needs[_first_inside(needs, now, config.trend_window_s):]
     if len(points) < 3:
         return 0.0
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_n = sum(n for _, n in points) / len(points)
-    var_t = sum((t - mean_t) * (t - mean_t) for t, _ in points)
+    mean_t = sum(p.at for p in points) / len(points)
+    mean_n = sum(p.replicas for p in points) / len(points)
+    var_t = sum((p.at - mean_t) * (p.at - mean_t) for p in points)
     if var_t <= 0:
         return 0.0
-    slope = sum((t - mean_t) * (n - mean_n) for t, n in points) / var_t
-    latest = points[-1][1]
+    slope = sum((p.at - mean_t) * (p.replicas - mean_n) for p in points) / var_t
+    latest = points[-1].replicas
     if slope <= 0 or latest <= 0:
         return 0.0
     return min(latest + slope * lead_s, latest * config.trend_max_boost)
@@ -521,11 +533,11 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         return ScaleDecision(current, "COLD_START", f"{snapshot.starting} starting for {snapshot.demand:g} held"), state
     # the delay window's largest need, for _scale_down; when the burst window lies inside it
     # (as by default) and that need fits the current count, the burst window's cannot raise it
-    delay_peak = state.peak[1] if state.peak is not None else 0.0  # window_max(needs, now, scale_down_delay_s)
+    delay_peak = state.peak.replicas if state.peak is not None else 0.0  # window_max(needs, now, scale_down_delay_s)
     burst = 0.0 if config.burst_window_s <= config.scale_down_delay_s and _ceil(delay_peak) <= current \
         else window_max(state.needs, now, config.burst_window_s)
     # the trend is at most the latest need x trend_max_boost: below the current count it cannot matter
-    latest = state.needs[-1][1] if state.needs else 0.0
+    latest = state.needs[-1].replicas if state.needs else 0.0
     trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
         if _ceil(latest * config.trend_max_boost) > current else 0.0
     # the reserve: what the need has lately risen by within one cold start, on top of its low
@@ -543,12 +555,12 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
                       else f"need {low:.2f} + reserve {held - low:.2f} for a rise within a cold start"
                       if reason == "RESERVE" else f"need {burst:.2f} replicas ({need.detail})")
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
-                state = state._replace(forecast=(now, trend))
+                state = state._replace(forecast=NeedAt(now, trend))
             elif reason == "RESERVE":  # so is the reserve's count, or the low it sits on drops it again
                 last = state.forecast
-                if last is not None and now - last[0] < config.scale_down_delay_s - EPS:
-                    held = max(held, last[1])  # a larger hold still in its window stays
-                state = state._replace(forecast=(now, held))
+                if last is not None and now - last.at < config.scale_down_delay_s - EPS:
+                    held = max(held, last.replicas)  # a larger hold still in its window stays
+                state = state._replace(forecast=NeedAt(now, held))
             return ScaleDecision(desired, reason, detail), state
     idle_s = now - state.last_active_at if state.last_active_at is not None else 0.0
     if snapshot.demand == 0 and spec.min_replicas == 0:
@@ -663,10 +675,10 @@ def _scale_down(spec: ScalingSpec, state: PolicyState, now: float, current: int,
     last 30 s at most 2.4 -> ceil(2.4) = 3, but at most halving: max(3, ceil(8/2) = 4) = 4.
     A forecast scale-up counts as a need of its window too (a forecast is not undone by the
     next look, before the traffic it foresaw has come)."""
-    seen_for = now - state.needs[0][0] if state.needs else 0.0
+    seen_for = now - state.needs[0].at if state.needs else 0.0
     wanted = _ceil(delay_peak)
-    if state.forecast is not None and now - state.forecast[0] < config.scale_down_delay_s - EPS:
-        wanted = max(wanted, _ceil(state.forecast[1]))
+    if state.forecast is not None and now - state.forecast.at < config.scale_down_delay_s - EPS:
+        wanted = max(wanted, _ceil(state.forecast.replicas))
     wanted = max(wanted, max(1, spec.min_replicas))
     if wanted >= current:
         return ScaleDecision(_bound(current, spec), "STABLE")
@@ -694,8 +706,8 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
         until = min(until, state.last_active_at + config.periodic_keep_s)
         until = min(until, onset - lead - config.prewarm_margin_s)
     if current > max(1, spec.min_replicas):
-        high = [t for t, n in state.needs if _ceil(n) >= current]
-        down = (high[-1] if high else state.needs[0][0] if state.needs else now) + config.scale_down_delay_s
+        high = [need.at for need in state.needs if _ceil(need.replicas) >= current]
+        down = (high[-1] if high else state.needs[0].at if state.needs else now) + config.scale_down_delay_s
         if state.rise2_at is not None and state.rise2 > current - 1 and config.reserve_memory_s > 0:
             # the count goes down only once the reserve, too, has decayed below current - 1 (idle: a need of 0)
             down = max(down, state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
@@ -846,7 +858,7 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
 
 
-def _rise_sample(state: PolicyState, needs: tuple[tuple[float, float], ...], now: float, horizon_s: float,
+def _rise_sample(state: PolicyState, needs: tuple[NeedAt, ...], now: float, horizon_s: float,
                  config: PolicyConfig) -> tuple[float, float | None, float, float | None]:
     """(rise, rise_at, rise2, rise2_at) after this look. A rise is how far the need went up
     within `horizon_s` (a cold start and a look: what no scale-up can follow); the two largest
@@ -857,7 +869,7 @@ def _rise_sample(state: PolicyState, needs: tuple[tuple[float, float], ...], now
     at t = 600 0.9 x e^(-300/600) = 0.55."""
     if config.reserve_memory_s <= 0:
         return 0.0, None, 0.0, None
-    x = needs[-1][1] - window_min(needs, now, horizon_s)
+    x = needs[-1].replicas - window_min(needs, now, horizon_s)
     rise, rise_at, rise2, rise2_at = state.rise, state.rise_at, state.rise2, state.rise2_at
     if x <= 0:
         return rise, rise_at, rise2, rise2_at

@@ -300,7 +300,7 @@ async def _compare(url: str, prometheus_url: str, replicas: dict[str, int]) -> N
                 decided[name], states[name] = decide(snapshot, SCALING, states[name], now)
             decisions.append(decided)
             # the need each view recorded for this window (the burst window may carry an earlier one)
-            assert states["promql"].needs[-1][1] == pytest.approx(states["direct"].needs[-1][1], rel=0.02)
+            assert states["promql"].needs[-1].replicas == pytest.approx(states["direct"].needs[-1].replicas, rel=0.02)
             if concurrency:
                 _assert_same_window(snapshots["promql"], snapshots["direct"])
             assert (decided["promql"].desired, decided["promql"].reason) == \

@@ -27,6 +27,7 @@ from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import (
     DEFAULT_CONFIG,
     REASONS,
+    NeedAt,
     PolicyConfig,
     PolicyState,
     ScaleDecision,
@@ -403,7 +404,7 @@ TREND_NEED_CASES = [
 @pytest.mark.parametrize("needs,now,lead,expected", [c[1:] for c in TREND_NEED_CASES],
                          ids=[c[0] for c in TREND_NEED_CASES])
 def test_trend_need(needs, now, lead, expected):
-    state = PolicyState(needs=tuple((float(t), float(n)) for t, n in needs))
+    state = PolicyState(needs=tuple(NeedAt(float(t), float(n)) for t, n in needs))
     assert trend_need(state, float(now), lead, CFG) == pytest.approx(expected)
 
 
@@ -684,7 +685,7 @@ def test_zero_windows_at_wall_clock_times():
     state = PolicyState()
     for t in (now, now + 1.0):
         decision, state = decide(snap(ready=1, inflight=9, duty=(0.9,), at=t), SPEC, state, t, config)
-    assert decision.desired == 3 and state.peak == (now + 1.0, 2.25)
+    assert decision.desired == 3 and state.peak == NeedAt(now + 1.0, 2.25)
     assert window_max(state.needs, now + 1.0, 0.0) == 2.25
 
 
@@ -707,7 +708,7 @@ def test_no_data_stays_within_min_replicas():
 def test_decide_does_not_mutate_and_is_deterministic():
     snapshot = MetricsSnapshot("f", 5.0, ready=2, inflight=9.0, activator_queue=3, duty=(0.9, 0.8), rps=2.0,
                                p95_s=0.12, cold_start_s=2.0, slice_fraction=0.25, extra={"x": 1.0})
-    state = PolicyState(last_active_at=0.0, needs=((1.0, 2.0), (2.0, 3.0), (3.0, 4.0)), onsets=(0.0,),
+    state = PolicyState(last_active_at=0.0, needs=(NeedAt(1.0, 2.0), NeedAt(2.0, 3.0), NeedAt(3.0, 4.0)), onsets=(0.0,),
                         duty_avg=0.9, duty_since=0.0, duty_last=4.0)
     copies = copy.deepcopy((snapshot, SPEC, state, CFG))
     assert copies[0] is not snapshot and copies[0].extra is not snapshot.extra  # a real copy to compare with
@@ -836,12 +837,12 @@ def test_window_peak_carried_from_look_to_look():
     """The delay window's largest need, carried in the state: (90, 3.0) stays while inside the
     30 s window and beats the new need; an equal new need takes over (the latest of equals);
     once it leaves the window the window is scanned."""
-    needs = ((80.0, 1.0), (90.0, 3.0), (100.0, 2.0))
-    assert _window_peak((90.0, 3.0), needs, 100.0, 30.0) == (90.0, 3.0)
-    assert _window_peak((90.0, 3.0), needs[:2] + ((100.0, 3.0),), 100.0, 30.0) == (100.0, 3.0)
-    later = ((90.0, 3.0), (100.0, 2.0), (121.0, 1.0))
-    assert _window_peak((90.0, 3.0), later, 121.0, 30.0) == (100.0, 2.0)  # 90 <= 121 - 30: scanned
-    assert _window_peak(None, needs, 100.0, 30.0) == (90.0, 3.0)  # none carried: scanned
+    needs = (NeedAt(80.0, 1.0), NeedAt(90.0, 3.0), NeedAt(100.0, 2.0))
+    assert _window_peak(NeedAt(90.0, 3.0), needs, 100.0, 30.0) == NeedAt(90.0, 3.0)
+    assert _window_peak(NeedAt(90.0, 3.0), needs[:2] + (NeedAt(100.0, 3.0),), 100.0, 30.0) == NeedAt(100.0, 3.0)
+    later = (NeedAt(90.0, 3.0), NeedAt(100.0, 2.0), NeedAt(121.0, 1.0))
+    assert _window_peak(NeedAt(90.0, 3.0), later, 121.0, 30.0) == NeedAt(100.0, 2.0)  # 90 <= 121 - 30: scanned
+    assert _window_peak(None, needs, 100.0, 30.0) == NeedAt(90.0, 3.0)  # none carried: scanned
 
 
 @settings(max_examples=300, deadline=None)
@@ -855,15 +856,15 @@ def test_window_peak_matches_a_scan_of_the_window(looks):
         now += gap
         needs = _kept_needs(needs, now, need, CFG)
         peak = _window_peak(peak, needs, now, CFG.scale_down_delay_s)
-        assert peak[1] == window_max(needs, now, CFG.scale_down_delay_s)
-        assert now - CFG.scale_down_delay_s - 1e-9 < peak[0] <= now
+        assert peak.replicas == window_max(needs, now, CFG.scale_down_delay_s)
+        assert now - CFG.scale_down_delay_s - 1e-9 < peak.at <= now
 
 
 def test_window_peak_is_scanned_when_the_clock_goes_back():
     """A wall clock stepped back (the cluster controller reads time.time): the last look was
     at 100 with the peak (90, 3.0); a look at 95 must see (68, 5.0) again, inside (65, 95]."""
-    needs = ((68.0, 5.0), (90.0, 3.0), (100.0, 1.0), (95.0, 1.0))
-    assert _window_peak((90.0, 3.0), needs, 95.0, 30.0) == (68.0, 5.0)
+    needs = (NeedAt(68.0, 5.0), NeedAt(90.0, 3.0), NeedAt(100.0, 1.0), NeedAt(95.0, 1.0))
+    assert _window_peak(NeedAt(90.0, 3.0), needs, 95.0, 30.0) == NeedAt(68.0, 5.0)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -164,7 +164,7 @@ def test_one_busy_second_moves_the_work_view_by_its_weight():
         _, state = decide(snap(rps=1000.0, batch=RESNET, at=float(t)), SPEC, state, float(t))
     _, state = decide(snap(rps=2000.0, batch=RESNET, at=11.0), SPEC, state, 11.0)
     assert state.rate_avg == pytest.approx(1000 + 1000 * (1 - math.exp(-0.2)))
-    assert state.needs[-1][1] == pytest.approx(state.rate_avg * 0.014 / 32 / 0.7)
+    assert state.needs[-1].replicas == pytest.approx(state.rate_avg * 0.014 / 32 / 0.7)
 
 
 # ---------------------------------------------------------------------- the error budget

@@ -314,9 +314,9 @@ def test_records_compare_field_by_field_compiled_or_not(name):
     assert a == b and b == a
     for field in names[len(args):]:
         value = getattr(b, field)
-        other = {"extra": {"x": 1.0}, "budget": compiled.Budget(3.0), "needs": ((1.0, 2.0),),
-                 "batch_latency_s": ((1.0, 0.01),), "forecast": (1.0, 2.0), "gap_quantiles": (1.0, 2.0),
-                 "peak": (1.0, 2.0)}.get(field, 7 if isinstance(value, int) else (7.5,) if isinstance(value, tuple)
+        other = {"extra": {"x": 1.0}, "budget": compiled.Budget(3.0), "needs": (compiled.NeedAt(1.0, 2.0),),
+                 "batch_latency_s": ((1.0, 0.01),), "forecast": compiled.NeedAt(1.0, 2.0), "gap_quantiles": (1.0, 2.0),
+                 "peak": compiled.NeedAt(1.0, 2.0)}.get(field, 7 if isinstance(value, int) else (7.5,) if isinstance(value, tuple)
                                         else "g" if isinstance(value, str) else 7.5)
         assert a._replace(**{field: other}) != b and b != a._replace(**{field: other}), field
     with pytest.raises(AttributeError):

@@ -13,6 +13,7 @@ import pytest
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policy import (
     DEFAULT_CONFIG,
+    NeedAt,
     PolicyConfig,
     PolicyState,
     _held_sample,
@@ -115,9 +116,9 @@ NEEDS_HORIZON = 3.5  # a 2.5 s cold start and a 1 s look
 
 def rises(needs: list[tuple[float, float]]) -> PolicyState:
     state = PolicyState()
-    kept: tuple[tuple[float, float], ...] = ()
+    kept: tuple[NeedAt, ...] = ()
     for t, n in needs:
-        kept = (kept + ((t, n),))[-40:]
+        kept = (kept + (NeedAt(t, n),))[-40:]
         state = state._replace(**dict(zip(("rise", "rise_at", "rise2", "rise2_at"),
                                           _rise_sample(state, kept, t, NEEDS_HORIZON, DEFAULT_CONFIG))), needs=kept)
     return state
@@ -158,7 +159,7 @@ def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_le
     # the reserve stays over 2 until 100 + 600 ln(3 / 2) = 343.3 s: the later of the two; the
     # keep-alive (gaps of 100-200 s all covered, then on toward a cold start priced at 2,000 s,
     # capped at 300 s: 159 + 300 = 459) comes after it
-    idle = state._replace(needs=((159.0, 0.0),), peak=None, cold_cost_s=2000.0, gaps=(100.0, 120.0, 150.0, 200.0),
+    idle = state._replace(needs=(NeedAt(159.0, 0.0),), peak=None, cold_cost_s=2000.0, gaps=(100.0, 120.0, 150.0, 200.0),
                           gap_quantiles=(100.0, 200.0))
     assert keep_alive_s(idle, SPEC, DEFAULT_CONFIG) == 300.0
     assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
