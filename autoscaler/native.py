@@ -3,8 +3,8 @@
 The simulator's scale run makes millions of looks of `autoscaler.policy.decide()`; the same
 source compiled by mypyc runs them several times faster, so there is one `decide()` and no
 second copy of its arithmetic. `load_group(POLICY_GROUP)` (or `load` of one module) builds the
-modules once into a cache keyed by a hash of their source, of the project sources it imports (their types are
-compiled in), of the compiler's version and of the Python it runs on, and loads it under a
+modules once into a cache keyed by a hash of the group, of their source, of the project sources they import
+(their types are compiled in), of the compiler's version and of the Python it runs on, and loads it under a
 name of its own (`shoal_policy_<key>`), beside the interpreted module: an edited source has
 another key, so a stale build is never loaded. A group is compiled as one (the modules' imports
 of each other renamed to the group's names), so that calls between them are native C calls and
@@ -29,9 +29,9 @@ from pathlib import Path
 from types import ModuleType
 
 BUILD_TIMEOUT_S = 600.0
-# decide() with the records one look builds and reads and the tick's looks, in import order:
-# one mypyc group, so that a look is native calls and native objects throughout
-POLICY_GROUP = ("autoscaler.record", "autoscaler.snapshot", "autoscaler.policy", "autoscaler.looks")
+# decide() with the records one look builds and reads, the function's ScalingSpec and the tick's
+# looks, in import order: one mypyc group, so that a look is native calls and native objects throughout
+POLICY_GROUP = ("autoscaler.record", "functions.spec", "autoscaler.snapshot", "autoscaler.policy", "autoscaler.looks")
 _loaded: dict[tuple[str, ...], tuple[ModuleType, ...]] = {}
 
 
@@ -61,7 +61,7 @@ def load_group(modules: tuple[str, ...]) -> tuple[ModuleType, ...]:
     sources: dict[str, bytes] = {}
     for module in modules:
         sources.update(_sources(module)[1])
-    key = _key(sources)
+    key = _key(modules, sources)
     names = {module: f"shoal_{module.rsplit('.', 1)[-1]}_{key}" for module in modules}
     try:
         folder = _trusted_cache()
@@ -120,12 +120,13 @@ def _sources(module: str) -> tuple[Path, dict[str, bytes]]:
     return root, sources
 
 
-def _key(sources: dict[str, bytes]) -> str:
+def _key(modules: tuple[str, ...], sources: dict[str, bytes]) -> str:
     try:
         from mypy.version import __version__ as mypy_version
     except ImportError as error:
         raise CompileError("mypyc is not installed (pip install mypy)") from error
-    digest = hashlib.sha256(f"{mypy_version} {sys.version} {platform.machine()}".encode())
+    # the group too: the same sources grouped otherwise compile to modules that import each other otherwise
+    digest = hashlib.sha256(f"{mypy_version} {sys.version} {platform.machine()} {' '.join(modules)}".encode())
     for name in sorted(sources):
         digest.update(name.encode() + b"\0" + sources[name] + b"\0")
     return digest.hexdigest()[:16]

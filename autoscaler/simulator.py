@@ -119,6 +119,7 @@ class SimPolicy(Protocol):
     lends: bool  # runs on Shoal's controller: idle slices lent, a full cluster shared (Simulation._share_out)
     default_cold_start_s: float  # the cold start its decide() assumes until one is measured
     snapshot_type: type  # the class of the snapshots its decide() takes
+    spec_type: type  # and of the specs
 
     def cold_start_s(self, profile: Profile) -> float: ...
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision: ...
@@ -131,6 +132,7 @@ class SimPolicy(Protocol):
 class _Reactive:
     reactive = True
     snapshot_type: type = MetricsSnapshot  # the class of the snapshots decide() takes
+    spec_type: type = ScalingSpec  # and of the specs
     lends = False  # the peers' autoscalers as published: a replica that does not fit is not placed
     # what decide() reads for a snapshot without a measured cold start (Shoal's lead_s; the
     # baselines read none)
@@ -187,9 +189,10 @@ class ShoalPolicy(_Reactive):
         self.module, self.looks, self.engine = policy, looks, "interpreted"
         if compiled:
             try:
-                (_, snapshots, self.module, self.looks), self.engine = \
+                (_, specs, snapshots, self.module, self.looks), self.engine = \
                     native.load_group(native.POLICY_GROUP), "compiled (mypyc)"
                 self.snapshot_type = snapshots.MetricsSnapshot  # what the compiled decide() takes
+                self.spec_type = specs.ScalingSpec
             except native.CompileError as error:
                 warnings.warn(f"policy.py and looks.py run interpreted, several times slower: {error}", RuntimeWarning,
                               stacklevel=2)
@@ -331,6 +334,7 @@ class Scheduled:
     lends = False
     default_cold_start_s = 0.0
     snapshot_type: type = MetricsSnapshot  # (no decide() runs)
+    spec_type: type = ScalingSpec
 
     def __init__(self, name: str, changes: dict[int, list[tuple[int, int]]]):
         self.name, self.changes = name, changes
@@ -406,7 +410,7 @@ class Simulation:
             raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         n = len(profiles)
-        self.specs = [p.spec() for p in profiles]
+        self.specs = [_spec_as(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
         # the cold start the policy reads, per function: as shoal up measures it (create to ready
         # of the newest replica, kept once measured); until then the policy's own default, which
@@ -1197,6 +1201,12 @@ class Simulation:
             if r < below:
                 holds.append(Hold(self.slot_replica[slot], self._names[fid], r, v))
         return holds
+
+
+def _spec_as(cls: type, spec: ScalingSpec) -> ScalingSpec:
+    """`spec` as an instance of `cls`: functions.spec's ScalingSpec, or the same class compiled
+    with the policy (native.POLICY_GROUP), which a compiled decide() reads as a struct."""
+    return spec if type(spec) is cls else cls(**{f.name: getattr(spec, f.name) for f in fields(spec)})
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:

@@ -21,19 +21,17 @@ from types import ModuleType
 sys.path.insert(0, str(Path.cwd()))  # the checkout it is run from, for comparing commits
 
 from autoscaler import policy  # noqa: E402
-from functions.spec import ScalingSpec  # noqa: E402
-
-SPEC = ScalingSpec(slo_p95_ms=50.0, target_concurrency=2.0)
 
 
 def looks(n: int, module: ModuleType = policy) -> None:
     """`n` looks through `module`'s decide(): policy.py, or policy.py compiled."""
     state, config = module.PolicyState(), module.PolicyConfig()
-    snapshot_type = module.MetricsSnapshot  # the class its decide() takes (compiled with it, or not)
+    # the classes its decide() takes (compiled with it, or not)
+    snapshot_type, spec = module.MetricsSnapshot, module.ScalingSpec(slo_p95_ms=50.0, target_concurrency=2.0)
     for t in range(n):
         snapshot = snapshot_type("f", float(t), ready=3, inflight=1.0, duty=(0.3,) * 3, rps=1000.0 + (t % 7) * 30,
                                    p95_s=0.004, service_s=0.001, cold_start_s=2.0, slice_fraction=0.125)
-        _, state = module.decide(snapshot, SPEC, state, float(t), config)
+        _, state = module.decide(snapshot, spec, state, float(t), config)
 
 
 def best_us(n: int = 20000, repeat: int = 15, module: ModuleType = policy) -> float:
@@ -48,7 +46,7 @@ def compiled() -> ModuleType | None:
     except ImportError:
         return None
     try:
-        return native.load_group(native.POLICY_GROUP)[2]
+        return native.load_group(native.POLICY_GROUP)[native.POLICY_GROUP.index("autoscaler.policy")]
     except native.CompileError as error:
         print(f"policy.py not compiled: {error}", file=sys.stderr)
         return None

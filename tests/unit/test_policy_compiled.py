@@ -27,7 +27,7 @@ from autoscaler.traces import make_trace
 from functions.spec import ScalingSpec
 
 try:
-    _, compiled_snapshot, compiled, compiled_looks = native.load_group(native.POLICY_GROUP)
+    _, compiled_spec, compiled_snapshot, compiled, compiled_looks = native.load_group(native.POLICY_GROUP)
 except native.CompileError as error:  # pragma: no cover - mypyc and a C compiler are dev dependencies
     if ": error:" in str(error):
         # mypy refused policy.py or looks.py: a defect of the source, not a missing tool (the simulator
@@ -51,6 +51,11 @@ STARTS = (100.0, 100.0, 100.0, 100.0, 1.7e9)
 def _own(config: PolicyConfig):
     """The same config as the compiled module's own PolicyConfig (its decide() takes no other)."""
     return compiled.PolicyConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+
+
+def _own_spec(spec: ScalingSpec):
+    """The same spec as the group's own ScalingSpec (the compiled decide() takes no other)."""
+    return compiled_spec.ScalingSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)})
 
 
 def _spec(rng: np.random.Generator) -> ScalingSpec:
@@ -118,17 +123,18 @@ def test_every_look_is_the_same_compiled_or_not(config, start):
     reasons: dict[str, int] = {}
     for _ in range(120):
         spec = _spec(rng)
+        fast_spec = _own_spec(spec)
         mine, theirs = interpreted.PolicyState(), compiled.PolicyState()
         looks = _looks(rng, 150, start)
         now, snapshot = next(looks)
         while True:
             decision, mine = interpreted.decide(snapshot, spec, mine, now, config)
-            other, theirs = compiled.decide(compiled_snapshot.MetricsSnapshot(**snapshot._asdict()), spec, theirs,
+            other, theirs = compiled.decide(compiled_snapshot.MetricsSnapshot(**snapshot._asdict()), fast_spec, theirs,
                                             now, own)
             assert other == decision
             assert theirs == mine and type(theirs.budget).__name__ == "Budget"
             current = decision.desired
-            assert compiled.quiet_until(theirs, spec, current, now, 2.0, own) == \
+            assert compiled.quiet_until(theirs, fast_spec, current, now, 2.0, own) == \
                 interpreted.quiet_until(mine, spec, current, now, 2.0, config)
             assert compiled.next_onset(theirs, own) == interpreted.next_onset(mine, config)
             reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
@@ -167,6 +173,7 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
     functions = interpreted_looks.Functions(
         [f"f{i}" for i in range(n)], specs, [2.0] * n, [0.25] * n, [TABLES[i % len(TABLES)] for i in range(n)],
         {3: [0.5, 0.7], 9: [0.9]})
+    fast_functions = functions._replace(specs=[_own_spec(spec) for spec in specs])
     replicas = [int(rng.integers(0, 4)) for _ in range(n)]
     mine: dict = {}
     theirs: dict = {}
@@ -176,7 +183,7 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
         fids = sorted(int(f) for f in rng.choice(n, size=25, replace=False))
         tick = _tick(rng, fids, [replicas[f] for f in fids], 100.0 + step)
         acted, quiet = interpreted_looks.look_each(tick, functions, mine)
-        other, other_quiet = fast_looks.look_each(tick, functions, theirs, fast_policy.PolicyConfig())
+        other, other_quiet = fast_looks.look_each(tick, fast_functions, theirs, fast_policy.PolicyConfig())
         assert [(a.fid, a.snapshot, a.decision) for a in other] == [(a.fid, a.snapshot, a.decision) for a in acted]
         assert other_quiet == quiet and theirs == mine
         for i, fid in enumerate(fids):
