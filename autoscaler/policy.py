@@ -429,18 +429,18 @@ def _window_peak(peak: NeedAt | None, needs: tuple[NeedAt, ...], now: float, win
     inside the window (the new need either beats it or not): the window only moved forward, so
     every other need in it was in the last one too. Else (it left the window, none is carried,
     or the clock went back: a wall clock stepped by NTP) a scan.
-    E.g. peak (90, 3.0), window 30 s: at 100 a need of 2.0 keeps (90, 3.0), 3.0 gives (100, 3.0);
+    E.g. a peak of 3.0 at 90, window 30 s: at 100 a need of 2.0 keeps it, one of 3.0 takes over;
     at 121 (90 is out) the window is scanned."""
     latest = needs[-1]
     if (peak is not None and window_start(now, window_s) < peak.at < latest.at
             and len(needs) > 1 and needs[-2].at <= latest.at):
         return peak if peak.replicas > latest.replicas else latest
     start = _first_inside(needs, now, window_s)  # never past the end: needs[-1] is at `now`
-    peak = needs[start]
+    best = needs[start]
     for i in range(start + 1, len(needs)):
-        if needs[i].replicas >= peak.replicas:  # the latest of equals
-            peak = needs[i]
-    return peak
+        if needs[i].replicas >= best.replicas:  # the latest of equals
+            best = needs[i]
+    return best
 
 
 def record_activity(state: PolicyState, active: bool, now: float, config: PolicyConfig) -> PolicyState:
@@ -544,7 +544,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
     # over one (raised only while traffic flows; an idle function's keep-alive is keep_alive_s's)
     low = window_min(state.needs, now, lead_s(snapshot, config) + 1.0)
     held = low + reserve(state, now, config) if snapshot.demand > 0 or snapshot.rps > 0 else 0.0
-    up = _ceil(max(trend, max(burst, held)))
+    up = _ceil(max(max(trend, burst), held))
     if up > current:
         desired = _bound(min(up, math.ceil(current * config.max_scale_up_rate)), spec)
         if desired > current:
@@ -934,8 +934,9 @@ def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpe
 
 
 def _total(values: tuple[float, ...]) -> float:
-    """sum(values), left to right as sum() adds: a loop, so that a compiled look adds natively
-    (sum() of a tuple is a call into the interpreter)."""
+    """The values added left to right, as sum() adds floats up to Python 3.11 (3.12's sum()
+    compensates): a loop, so that a compiled look adds natively (sum() of a tuple is a call
+    into the interpreter), and the same digits compiled or not."""
     total = 0.0
     for value in values:
         total += value

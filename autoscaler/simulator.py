@@ -175,7 +175,8 @@ class _Reactive:
 class ShoalPolicy(_Reactive):
     """Shoal's decide() per function, a tick's looks in one call (autoscaler.looks). `compiled`
     (the default): policy.py and looks.py compiled by mypyc in one group with the records a look
-    builds (native.POLICY_GROUP), the same sources, several times faster; where they cannot be
+    builds and reads, ScalingSpec among them (native.POLICY_GROUP), the same sources, several
+    times faster (its decide() takes the group's own classes: snapshot_type, spec_type); where they cannot be
     built the interpreted modules run instead, with a warning, and `engine` says which runs. False: policy.py and looks.py as the
     interpreter runs them, the reference a compiled run is checked against. `name`: the
     policy's line in a comparison (shoal-fixed: slice hints off)."""
@@ -208,7 +209,7 @@ class ShoalPolicy(_Reactive):
         return self.module.decide(snapshot, spec, state, now, self._config)
 
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
-        self.specs[fid] = spec
+        self.specs[fid] = spec = _spec_as(self.spec_type, spec)
         state = self.states.get(fid)
         decision, self.states[fid] = self.module.decide(snapshot, spec, self.module.PolicyState() if state is None
                                                         else state, now, self._config)
@@ -234,7 +235,8 @@ class ShoalPolicy(_Reactive):
     def keep_alive_s(self, fid: int, spec: ScalingSpec) -> float:
         """The policy's own keep-alive (policy.keep_alive_s), as the live loop hands the scaler."""
         state = self.states.get(fid)
-        return spec.idle_to_zero_s if state is None else self.module.keep_alive_s(state, spec, self._config)
+        return spec.idle_to_zero_s if state is None else self.module.keep_alive_s(state, _spec_as(self.spec_type, spec),
+                                                                                 self._config)
 
 
 # The activator's hop: KServe measured 2-3 ms for queue-proxy and activator together
@@ -1205,7 +1207,9 @@ class Simulation:
 
 def _spec_as(cls: type, spec: ScalingSpec) -> ScalingSpec:
     """`spec` as an instance of `cls`: functions.spec's ScalingSpec, or the same class compiled
-    with the policy (native.POLICY_GROUP), which a compiled decide() reads as a struct."""
+    with the policy (native.POLICY_GROUP), which a compiled decide() reads as a struct. The
+    compiled one is another class: not equal to, nor an instance of, functions.spec's, and it
+    neither pickles nor copies; the simulator only reads it."""
     return spec if type(spec) is cls else cls(**{f.name: getattr(spec, f.name) for f in fields(spec)})
 
 

@@ -1,7 +1,8 @@
 """What a function is: frozen specs with every default in one place (batching, slices, scaling),
 validated, with messages that name the value that was wrong and what would be right, e.g.
 "max_replicas (2) must be >= min_replicas (3)". It does no I/O and imports nothing from
-serving, autoscaler or deploy.
+serving, autoscaler or deploy. The simulator compiles it with the policy (mypyc,
+autoscaler.native.POLICY_GROUP): it must stay compilable, or the scale run runs interpreted.
 """
 
 from __future__ import annotations

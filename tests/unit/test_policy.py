@@ -834,7 +834,7 @@ def test_in_flight_is_averaged_like_kpas_window():
 
 
 def test_window_peak_carried_from_look_to_look():
-    """The delay window's largest need, carried in the state: (90, 3.0) stays while inside the
+    """The delay window's largest need, carried in the state: 3.0 at 90 stays while inside the
     30 s window and beats the new need; an equal new need takes over (the latest of equals);
     once it leaves the window the window is scanned."""
     needs = (NeedAt(80.0, 1.0), NeedAt(90.0, 3.0), NeedAt(100.0, 2.0))
@@ -862,7 +862,7 @@ def test_window_peak_matches_a_scan_of_the_window(looks):
 
 def test_window_peak_is_scanned_when_the_clock_goes_back():
     """A wall clock stepped back (the cluster controller reads time.time): the last look was
-    at 100 with the peak (90, 3.0); a look at 95 must see (68, 5.0) again, inside (65, 95]."""
+    at 100 with the peak 3.0 at 90; a look at 95 must see 5.0 at 68 again, inside (65, 95]."""
     needs = (NeedAt(68.0, 5.0), NeedAt(90.0, 3.0), NeedAt(100.0, 1.0), NeedAt(95.0, 1.0))
     assert _window_peak(NeedAt(90.0, 3.0), needs, 95.0, 30.0) == NeedAt(68.0, 5.0)
 
