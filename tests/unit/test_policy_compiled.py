@@ -198,8 +198,9 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
 
 def test_a_group_calls_its_own_compiled_modules(tmp_path, monkeypatch):
     """load_group builds modules that import each other under the group's names: the second
-    calls the first as compiled in the group, not the interpreted module. Another form of
-    import of a module of the group is refused before a build."""
+    calls the first as compiled in the group, not the interpreted module; the same sources in
+    another group are another build. Another form of import of a module of the group is
+    refused before a build."""
     package = tmp_path / "src" / "shoalgrouptest"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -214,6 +215,9 @@ def test_a_group_calls_its_own_compiled_modules(tmp_path, monkeypatch):
     rule, user = native.load_group(("shoalgrouptest.rule", "shoalgrouptest.user"))
     assert user.twice(1.5) == 6.0 and user.scaled is rule.scaled
     assert rule.__name__.startswith("shoal_rule_") and user.__name__ == "shoal_user_" + rule.__name__[len("shoal_rule_"):]
+    # the same sources grouped otherwise are built apart: user alone calls the interpreted rule
+    alone, = native.load_group(("shoalgrouptest.user",))
+    assert alone.__name__ != user.__name__ and alone.scaled is not rule.scaled and alone.twice(1.5) == 6.0
     with pytest.raises(native.CompileError, match="other, line 1"):
         native.load_group(("shoalgrouptest.rule", "shoalgrouptest.other"))
 
