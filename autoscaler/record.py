@@ -57,6 +57,7 @@ class Record:
 
 
 _fields: dict[type, tuple[str, ...]] = {}
+_field_set: dict[type, frozenset[str]] = {}  # the same names, for set_once's test
 
 
 def fields_of(cls: type) -> tuple[str, ...]:
@@ -74,6 +75,10 @@ def set_once(record: Record, name: str, value: object) -> None:
     """A Record's __setattr__: interpreted, a field once set by __init__ is not set again, and
     nothing else is set; compiled, the fields are read-only and __init__ sets them without
     coming here."""
-    if name in getattr(record, "__dict__", ()) or name not in fields_of(type(record)):
+    names = _field_set.get(type(record))
+    if names is None:
+        names = _field_set[type(record)] = frozenset(fields_of(type(record)))
+    attributes = getattr(record, "__dict__", None)  # interpreted: where the fields are; compiled: none
+    if name not in names or attributes is None or name in attributes:
         raise AttributeError(f"{type(record).__name__} is immutable: {name} cannot be set (use _replace)")
-    object.__setattr__(record, name, value)
+    attributes[name] = value
