@@ -199,7 +199,7 @@ class ShoalPolicy(_Reactive):
                               stacklevel=2)
                 self.engine = f"interpreted (not compiled: {str(error).splitlines()[0]})"
         # the module's own PolicyConfig: a compiled decide() takes no other class
-        self._config = self.module.PolicyConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+        self._config = _as_class(self.module.PolicyConfig, config)
         self.specs: dict[int, ScalingSpec] = {}
 
     def state_of(self, fid: int) -> PolicyState | None:
@@ -209,7 +209,7 @@ class ShoalPolicy(_Reactive):
         return self.module.decide(snapshot, spec, state, now, self._config)
 
     def decide(self, fid: int, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float) -> ScaleDecision:
-        self.specs[fid] = spec = _spec_as(self.spec_type, spec)
+        self.specs[fid] = spec
         state = self.states.get(fid)
         decision, self.states[fid] = self.module.decide(snapshot, spec, self.module.PolicyState() if state is None
                                                         else state, now, self._config)
@@ -235,8 +235,7 @@ class ShoalPolicy(_Reactive):
     def keep_alive_s(self, fid: int, spec: ScalingSpec) -> float:
         """The policy's own keep-alive (policy.keep_alive_s), as the live loop hands the scaler."""
         state = self.states.get(fid)
-        return spec.idle_to_zero_s if state is None else self.module.keep_alive_s(state, _spec_as(self.spec_type, spec),
-                                                                                 self._config)
+        return spec.idle_to_zero_s if state is None else self.module.keep_alive_s(state, spec, self._config)
 
 
 # The activator's hop: KServe measured 2-3 ms for queue-proxy and activator together
@@ -412,7 +411,7 @@ class Simulation:
             raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         n = len(profiles)
-        self.specs = [_spec_as(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
+        self.specs = [_as_class(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
         # the cold start the policy reads, per function: as shoal up measures it (create to ready
         # of the newest replica, kept once measured); until then the policy's own default, which
@@ -1205,12 +1204,13 @@ class Simulation:
         return holds
 
 
-def _spec_as(cls: type, spec: ScalingSpec) -> ScalingSpec:
-    """`spec` as an instance of `cls`: functions.spec's ScalingSpec, or the same class compiled
-    with the policy (native.POLICY_GROUP), which a compiled decide() reads as a struct. The
-    compiled one is another class: not equal to, nor an instance of, functions.spec's, and it
-    neither pickles nor copies; the simulator only reads it."""
-    return spec if type(spec) is cls else cls(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+def _as_class(cls: type, value):
+    """The dataclass `value` (a ScalingSpec, a PolicyConfig) as an instance of `cls`: its own
+    class, or the same class compiled with the policy (native.POLICY_GROUP), the only one a
+    compiled decide() takes, read as a struct. The compiled one is another class: not equal to,
+    nor an instance of, the interpreted one, and it neither pickles nor copies; the simulator
+    only reads it."""
+    return value if type(value) is cls else cls(**{f.name: getattr(value, f.name) for f in fields(value) if f.init})
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float | None:

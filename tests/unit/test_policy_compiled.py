@@ -12,7 +12,6 @@ import importlib
 import sys
 import textwrap
 import warnings
-from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -50,12 +49,12 @@ STARTS = (100.0, 100.0, 100.0, 100.0, 1.7e9)
 
 def _own(config: PolicyConfig):
     """The same config as the compiled module's own PolicyConfig (its decide() takes no other)."""
-    return compiled.PolicyConfig(**{f.name: getattr(config, f.name) for f in fields(config) if f.init})
+    return S._as_class(compiled.PolicyConfig, config)
 
 
 def _own_spec(spec: ScalingSpec):
     """The same spec as the group's own ScalingSpec (the compiled decide() takes no other)."""
-    return compiled_spec.ScalingSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+    return S._as_class(compiled_spec.ScalingSpec, spec)
 
 
 def _spec(rng: np.random.Generator) -> ScalingSpec:
