@@ -155,6 +155,9 @@ class LoopMetrics:
         # comparison: a function raised from zero replicas (replica starts are the scaler's events)
         self.from_zero = Counter("shoal_scale_from_zero", "Cold starts: a function raised from zero replicas",
                                  ["function"], registry=registry)
+        # the same counts by function, read without collecting the registry (a status of 60
+        # functions read through get_sample_value collected it 60 times: 94 % of shoal up's CPU)
+        self.cold_starts: dict[str, int] = {}
         Gauge("shoal_controller_policy", "The scaling policy this controller runs (1)", ["policy"],
               registry=registry).labels(policy).set(1)
 
@@ -237,6 +240,7 @@ class Loop:
                 # a cold start: a start from zero that requests waited for (a pre-warm is none), as
                 # the simulator counts them
                 self.exported.from_zero.labels(name).inc()
+                self.exported.cold_starts[name] = self.exported.cold_starts.get(name, 0) + 1
             self.events("scale", f"{before} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
                         function=name, data={"from": before, "to": decision.desired, "reason": decision.reason,
                                              "policy": self.policy.name})

@@ -3,7 +3,9 @@
 It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
 gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
 keep serving); a replica that cannot be placed takes slices back from other functions' idle
-replicas in the same tick (autoscaler.lending chooses them); it reaps replicas that died or whose
+replicas in the same tick (autoscaler.lending chooses them), and a function's first replica that
+still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
+busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas that died or whose
 function went away, and backs off a function whose replicas fail to start. Written against interfaces declared here and implemented in
 `deploy.local` (the backend) and `serving` (the gateway): imports neither.
 """
@@ -22,7 +24,7 @@ from typing import Any, Callable, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
-    RANKS, Idle, Rate, Short, TakeBack, Want, idle_holds, observe_rate, share, want_asks,
+    IDLE, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, observe_rate, share, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import ReplicaStat, duty_cycle
@@ -92,6 +94,9 @@ class ControllerConfig:
     unresponsive_s: float = 10.0
     # a replica that cannot be placed takes slices back from other functions' idle replicas
     take_back: bool = True
+    # a function's first replica that nothing frees a slice for time-shares a device whose
+    # replicas are busy at most this share of its compute (0: never)
+    time_share_busy: float = 0.5
     rate_window_s: float = 120.0  # a function's request rate, for the cost of taking its slice, over this
 
     def __post_init__(self) -> None:
@@ -100,6 +105,8 @@ class ControllerConfig:
                              f"({LIMITS.request_timeout_s})")
         if self.tick_s <= 0:
             raise ValueError(f"tick_s ({self.tick_s}) must be > 0")
+        if not 0 <= self.time_share_busy <= 1:
+            raise ValueError(f"time_share_busy ({self.time_share_busy}) must be within [0, 1]")
 
 
 class ReplicaScaler:
@@ -130,12 +137,16 @@ class ReplicaScaler:
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
+        self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from an idle replica for a "
                                  "replica that could not be placed, by function and role (took or gave)",
                                  ["function", "role"], registry=registry)
+        self.time_shared = Counter("shoal_time_shared", "First replicas placed beyond a device's compute, "
+                                   "time-sharing it, for requests no free or lent slice could serve",
+                                   ["function", "device"], registry=registry)
         self.held_short = Counter("shoal_held_short", "Replicas a function wanted that the full cluster could not "
                                   "place, by function and rank (floor, headroom: what the replica would serve)",
                                   ["function", "rank"], registry=registry)
@@ -206,8 +217,11 @@ class ReplicaScaler:
         """Place this tick's new replicas as autoscaler.lending.share grants them: first replicas of
         functions before further ones, then the most requests held first; one that does not fit
         takes slices back from other functions' idle replicas (drained and stopped, it starts once
-        they are), so keep-alive holds only capacity nobody is waiting for. One held short is said
-        (a `held_short` event, at most every 30 s per function, and a metric)."""
+        they are), so keep-alive holds only capacity nobody is waiting for. A function's first
+        replica that only a kept replica (one whose loss likely costs a late request) could make
+        room for time-shares a quiet device instead, if there is one (`_time_share`); else it takes
+        the kept one. One held short is said (a `held_short` event, at most every 30 s per
+        function, and a metric)."""
         if not starts:
             return
         now = self.clock()
@@ -218,26 +232,65 @@ class ReplicaScaler:
             wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
         asks = want_asks([w for w, _, _ in wants.values()])
-        found: dict = {}
-        if self.config.take_back:
-            holds, found = idle_holds(self._idle(now, {name for name, _, _ in starts}), now)
-            shares = share(self.cluster, asks, holds)
-        else:  # nothing taken back: the same order, every ask as it fits
-            shares = share(self.cluster, asks, [])
-        for held in shares.short:
-            self._say_held_short(held, wants[held.demand.replica][0], now)
-        order = [(g.demand.replica, g.victims) for g in shares.grants] + [(h.demand.replica, ()) for h in shares.short]
-        for replica_id, victims in order:  # in share's order: the placements it found
-            want, spec, revision = wants[replica_id]
-            stopping = []
-            for v in victims:
-                device = self.replicas[v.replica].placement.device
-                task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
-                if not device.emulated:  # a real device's memory is free once the victim stopped
-                    stopping.append(task)
-            replica = self._place(want.demand, spec, revision)  # a short one says why it cannot be placed
-            if replica is not None:
-                self._spawn_task(self._bring_up(replica, stopping))
+        holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
+                        else ([], {}))  # nothing taken back: the same order, every ask as it fits
+        # what is cheap to take first; then a quiet device time-shared; then what was kept
+        pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
+        for k, pool in enumerate(pools):
+            shares = share(self.cluster, asks, [h for h in pool if h.replica in self.cluster])
+            short = {h.demand.replica: h for h in shares.short}
+            for g in shares.grants:
+                self._grant(wants[g.demand.replica], g.victims, found)
+            last = k == len(pools) - 1
+            for held in shares.short:
+                want, spec, revision = wants[held.demand.replica]
+                if k == 0 and (replica := self._time_share(want, spec, revision, held)) is not None:
+                    self._spawn_task(self._bring_up(replica))
+                    del short[held.demand.replica]
+                elif last:
+                    self._say_held_short(held, want, now)
+                    self._place(want.demand, spec, revision)  # says why it cannot be placed
+            asks = [a for a in asks if a.demand.replica in short]
+
+    def _grant(self, wanted: tuple[Want, FunctionSpec, int], victims: tuple[Hold, ...], found: dict) -> None:
+        """Take `victims` back (drained and stopped in tasks) and place and start the wanted replica
+        on the room they leave, once they stopped where a device's memory is real."""
+        want, spec, revision = wanted
+        stopping = []
+        for v in victims:
+            device = self.replicas[v.replica].placement.device
+            task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
+            if not device.emulated:  # a real device's memory is free once the victim stopped
+                stopping.append(task)
+        replica = self._place(want.demand, spec, revision)
+        if replica is not None:
+            self._spawn_task(self._bring_up(replica, stopping))
+
+    def _time_share(self, want: Want, spec: FunctionSpec, revision: int, held: Short) -> Replica | None:
+        """A function's first replica, requests waiting, that no free or lent slice could take:
+        placed beyond the compute of a device whose replicas are little busy (`place_shared`),
+        where it shares the compute with them, rather than leave the requests waiting for a
+        replica to go idle. None when time-sharing is off, it is not such a replica, or no device
+        is quiet enough."""
+        if not (self.config.time_share_busy > 0 and want.first and want.waiting > 0):
+            return None
+        placed = self.cluster.place_shared(want.demand, self.config.time_share_busy)
+        if isinstance(placed, Unplaceable):
+            return None
+        name, device = want.demand.function, placed.device
+        self.unplaced.pop(name, None)
+        replica = Replica(want.demand.replica, name, revision, placed, created_at=self.clock(), spec=spec)
+        self.replicas[replica.id] = replica
+        self.time_shared.labels(name, device.id).inc()
+        used, _ = self.cluster.used(device.id)
+        busy = self.device_busy.get(device.id, 0.0)
+        self.events("time_share", f"{name} time-shares {device.id}{' (emulated)' if device.emulated else ''}: "
+                    f"{want.waiting} request(s) waiting and no slice to be had ({held.reason.split(' (held')[0]}); "
+                    f"the device's replicas were busy {busy:.0%} of its compute, its slices now hold "
+                    f"{float(used):.0%} of it", function=name,
+                    data={"replica": replica.id, "device": device.id, "waiting": want.waiting, "busy": busy,
+                          "allocated": float(used), "why_no_slice": held.reason})
+        return replica
 
     def _say_held_short(self, held: Short, want: Want, now: float) -> None:
         name = held.demand.function
@@ -259,14 +312,22 @@ class ReplicaScaler:
     def _note_activity(self, now: float) -> None:
         """When each ready replica last answered or held a request, from its last two scrapes, and
         each function's request rate (its replicas' answers since the last look, kept across
-        scale-to-zero)."""
+        scale-to-zero), and each device's busy compute: its replicas' duty times their slice,
+        summed (two 1/8 replicas busy half the time: 2 x 0.5 x 1/8 = 0.125 of the device)."""
         answered: dict[str, float] = {}
+        busy: dict[str, float] = {}
         for r in self.replicas.values():
             if len(r.stats) == 2 and (r.stats[1].completed > r.stats[0].completed or r.stats[1].inflight > 0):
                 r.active_at = max(r.active_at, r.stats[1].at)
+            if len(r.stats) == 2 and r.id in self.cluster:
+                device = r.placement.device.id
+                busy[device] = busy.get(device, 0.0) + duty_cycle(r.stats[0], r.stats[1]) * float(r.placement.fraction)
             if r.stats:
                 answered[r.function] = answered.get(r.function, 0.0) + max(0.0, r.stats[-1].completed - r.counted)
                 r.counted = max(r.counted, r.stats[-1].completed)
+        for device in set(busy) | set(self.device_busy):
+            self.device_busy[device] = busy.get(device, 0.0)
+            self.cluster.set_device_busy(device, self.device_busy[device])
         for name in set(answered) | set(self.rates):
             self.rates[name] = observe_rate(self.rates.get(name), answered.get(name, 0.0), now,
                                             self.config.rate_window_s)

@@ -2,7 +2,8 @@
 slice on a `shoal up` (its own, started here with `--devices emulated:...`, or a running one), drive
 them with `shoal loadtest longtail` (open loop, Zipf-skewed popularity, every request's outcome and
 latency from its send logged by Locust), and print requests, answered, refused (503) and why, SLO
-attainment, cold starts and the slices taken back from idle replicas. It talks to Shoal over HTTP
+attainment, cold starts, the slices taken back from idle replicas and the first replicas that
+time-shared a device. It talks to Shoal over HTTP
 only; the devices are emulated and every figure it prints says so. Run and results: docs/loadtests.md.
 
     python -m loadtests.manyfunctions --functions 24 --slice 1/8 --devices emulated:1x80GiB \\
@@ -103,6 +104,7 @@ def outcome(out: Path) -> dict[str, Any]:
         key = re.sub(r"\d+(\.\d+)?", "N", re.sub(r"\bf\d+\b", "F", e or "(no reason given)"))[:120]
         why[key] = why.get(key, 0) + 1
     takebacks = [e for e in events if e["kind"] == "takeback" and e.get("function") in names]
+    shared = [e for e in events if e["kind"] == "time_share" and e.get("function") in names]
     unplaceable = [e for e in events if e["kind"] == "unplaceable" and e.get("function") in names]
     return {
         "requests": len(req), "answered": int(np.count_nonzero(req.ok)), "refused_503": int(np.count_nonzero(refused)),
@@ -111,10 +113,18 @@ def outcome(out: Path) -> dict[str, Any]:
         "failures_by_status": summary["errors_by_status"],
         "slo_attainment": summary["slo_attainment"], "p95_ms": summary["latency_ms"]["p95"],
         "cold_starts": summary["cold_starts"]["count"], "takebacks": len(takebacks),
-        "takebacks_by_pair": _pairs(takebacks), "unplaceable_events": len(unplaceable),
+        "takebacks_by_pair": _pairs(takebacks), "time_shared": len(shared),
+        "time_shared_by_device": _count(e["data"]["device"] for e in shared), "unplaceable_events": len(unplaceable),
         "unplaceable_refused": sum(1 for e in unplaceable if not (e.get("data") or {}).get("waiting")),
         "replica_slice_seconds": summary["replica_slice_seconds"],
     }
+
+
+def _count(keys: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _pairs(takebacks: list[dict[str, Any]]) -> dict[str, int]:
@@ -136,8 +146,11 @@ def print_outcome(o: dict[str, Any], fleet: Fleet, devices: str, rate: float, du
         print(f"  503 x {n}: {reason}")
     print(f"SLO ({fleet.slo_ms:g} ms from send) attainment {slo}; p95 {o['p95_ms']:.1f} ms (emulated)"
           if o["p95_ms"] is not None else f"SLO attainment {slo}")
-    print(f"cold starts {o['cold_starts']}  take-backs {o['takebacks']}  'cannot place' events "
-          f"{o['unplaceable_events']} ({o['unplaceable_refused']} refused its requests)")
+    print(f"cold starts {o['cold_starts']}  take-backs {o['takebacks']}  time-shared first replicas "
+          f"{o['time_shared']}  'cannot place' events {o['unplaceable_events']} ({o['unplaceable_refused']} "
+          f"refused its requests)")
+    if o["time_shared"]:
+        print("  time-shared, by device: " + ", ".join(f"{k} x {v}" for k, v in o["time_shared_by_device"].items()))
     if o["takebacks_by_pair"]:
         print("  most frequent take-backs (taker <- giver): "
               + ", ".join(f"{k} x {v}" for k, v in o["takebacks_by_pair"].items()))
@@ -145,7 +158,7 @@ def print_outcome(o: dict[str, Any], fleet: Fleet, devices: str, rate: float, du
 
 def _slices(devices: str, slice_text: str) -> str:
     m = re.fullmatch(r"emulated:(\d+)x.*", devices)
-    return str(int(int(m[1]) / Fraction(slice_text))) if m else "?"
+    return str(int(int(m[1]) / Fraction(slice_text.partition(":")[0]))) if m else "?"
 
 
 # ---------------------------------------------------------------------- its own shoal up
@@ -211,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtests.manyfunctions", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--functions", type=int, default=24, help="how many functions (default 24)")
-    p.add_argument("--slice", default="1/8", help="each function's slice (default 1/8)")
+    p.add_argument("--slice", default="1/8", help="each function's slice: 1/8, or 1/8:1024 with its memory in MiB "
+                   "(default 1/8: its share of the device's memory)")
     p.add_argument("--devices", default="emulated:1x80GiB", help="shoal up --devices (default emulated:1x80GiB)")
     p.add_argument("--rate", type=float, default=30.0, help="requests per second in all (default 30)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
@@ -224,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="a running shoal up (its --devices must be emulated); default: start one here")
     p.add_argument("--state-dir", help="with --url: its state dir (for the token)")
     p.add_argument("--no-take-back", action="store_true", help="start shoal up with --no-take-back (to compare)")
+    p.add_argument("--time-share-busy", type=float, help="shoal up --time-share-busy of the shoal up started here "
+                   "(0: no time-sharing, to compare; default: shoal up's)")
     p.add_argument("--tick-s", type=float, default=1.0, help="the controller tick of the shoal up started here")
     p.add_argument("--out", help="report folder (default loadtests/reports/many-N-TIME)")
     return p
@@ -247,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             url, state_dir = args.url, Path(args.state_dir or ".shoal")
         else:
             state_dir = out.parent / f"{out.name}-state"
-            proc, url = start_up(state_dir, args.devices, not args.no_take_back, args.tick_s)
+            extra = () if args.time_share_busy is None else ("--time-share-busy", str(args.time_share_busy))
+            proc, url = start_up(state_dir, args.devices, not args.no_take_back, args.tick_s, extra)
         o = run(url, state_dir, out, fleet, rate=args.rate, duration_s=args.duration, zipf=args.zipf, seed=args.seed)
     except (runner.LoadTestError, ValueError) as exc:
         print(f"manyfunctions: {exc}", file=sys.stderr)

@@ -5,20 +5,25 @@ busy request on a shared device (DESIGN.md section 5). It also binds the slice (
 section 7): on cpu, CPU affinity and the framework's intra-op threads; on gpu,
 CUDA_VISIBLE_DEVICES (set by whoever starts the replica), MPS active-thread percentage and
 pinned memory limit (effective under an MPS daemon) and the framework's own memory limit (ONNX
-Runtime gpu_mem_limit, torch memory fraction) passed to the loader; an emulated device exists
-only in the inventory, with nothing to enforce.
+Runtime gpu_mem_limit, torch memory fraction) passed to the loader; on an emulated device, the
+device's compute shared with the other replicas on it (`EmulatedCompute`), so replicas placed
+beyond its compute (time-shared) wait for each other as a GPU's time-sliced contexts do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import math
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from fractions import Fraction
+from typing import Any, Callable, Iterator
 
 from functions.spec import SliceRequest
 
@@ -96,14 +101,76 @@ def apply_binding(binding: SliceBinding) -> None:
         os.sched_setaffinity(0, binding.cpus)
 
 
+# The emulated device's compute as byte positions of its file: lcm(1..16), so 1/2 .. 1/16 of it
+# are whole ranges and slices of those sizes line up (a 1/4 range covers two 1/8 ones).
+_SPAN = 720720
+EMULATED_COMPUTE_ENV = "SHOAL_EMULATED_COMPUTE"  # the file of the emulated device a replica runs on
+
+
+class EmulatedCompute:
+    """An emulated device's compute, shared by the replicas on it. A model call holds its slice's
+    share of the device (a range of `_SPAN` byte positions of one file, locked with fcntl) while it
+    runs, and waits while every range of its size is held: replicas whose slices add up to at most
+    the device never wait; replicas placed beyond it (time-shared, autoscaler.replicas) wait for
+    each other, as contexts time-sliced on one GPU do. Record locks belong to the process and go
+    with it, so a replica that dies frees its share. E.g. a 1/8 slice: ranges of 720720 / 8 = 90090
+    positions, 8 of them; a call tries each, the one it last held first, and when all 8 are held
+    waits on that one (one range, not the first to free: a wait can outlast a free range by at
+    most the call that holds its own)."""
+
+    def __init__(self, path: str, fraction: Fraction):
+        self.size = math.ceil(Fraction(fraction) * _SPAN)
+        if not 0 < self.size <= _SPAN:
+            raise ValueError(f"slice fraction ({fraction}) must be within (0, 1]")
+        self.count = _SPAN // self.size
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._last = os.getpid() % self.count  # replicas start on different ranges
+        self.waits = 0  # calls that found every range held
+
+    @classmethod
+    def from_env(cls, binding: SliceBinding) -> "EmulatedCompute | None":
+        """The shared compute of the emulated device `binding` is on, where whoever started the
+        replica named its file (deploy.local); none on other devices or without it."""
+        path = os.environ.get(EMULATED_COMPUTE_ENV)
+        return cls(path, binding.slice.fraction) if binding.emulated and path else None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        taken = None
+        for k in [(self._last + i) % self.count for i in range(self.count)]:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, self.size, k * self.size)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                continue
+            taken = k
+            break
+        if taken is None:
+            self.waits += 1
+            taken = self._last
+            fcntl.lockf(self._fd, fcntl.LOCK_EX, self.size, taken * self.size)
+        self._last = taken
+        try:
+            yield
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, self.size, taken * self.size)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class SliceExecutor:
     """Runs callables one at a time on the slice's thread; counts their busy time.
 
     `busy_seconds()` includes the call running now, so a scrape in the middle of a
-    long batch sees the slice busy instead of idle-then-a-burst."""
+    long batch sees the slice busy instead of idle-then-a-burst. With `compute` (an
+    emulated device's), a timed call holds the slice's share of it; a wait for it counts
+    as busy, as a time-sliced GPU's does."""
 
-    def __init__(self, binding: SliceBinding):
+    def __init__(self, binding: SliceBinding, compute: EmulatedCompute | None = None):
         self.binding = binding
+        self.compute = compute
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"slice-{binding.device}")
         self._lock = threading.Lock()
         self._busy_done = 0.0
@@ -127,6 +194,9 @@ class SliceExecutor:
             self.running = True
             self._started = start if timed else None
         try:
+            if timed and self.compute is not None:
+                with self.compute.hold():
+                    return fn(*args)
             return fn(*args)
         finally:
             with self._lock:

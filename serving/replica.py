@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable
 
 from functions.spec import LIMITS, BatchingSpec, ServingLimits, SliceRequest, SpecError, validate_name
 from serving.asgi import JSON, read_body, send_error, send_response
-from serving.executor import SliceExecutor, apply_binding, bind_slice, parse_cpus
+from serving.executor import EmulatedCompute, SliceExecutor, apply_binding, bind_slice, parse_cpus
 from serving.protocol.codec import (
     binary_output_names,
     decode_infer_request,
@@ -350,7 +350,7 @@ def _serve(args, name: str, binding, batching: BatchingSpec) -> int:
         print(f"shoal replica: {exc}", file=sys.stderr)
         return 2
     metrics = ReplicaMetrics(name, binding.labels())
-    executor = SliceExecutor(binding)
+    executor = SliceExecutor(binding, EmulatedCompute.from_env(binding))
     metrics.track_busy(executor.busy_seconds)
     dataplane = DataPlane(model, executor, metrics, batching, request_timeout_s=args.request_timeout_s)
     app = ReplicaApp(dataplane, metrics, binding.labels(), int(args.max_body_mib * 2**20))

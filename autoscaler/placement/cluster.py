@@ -7,7 +7,9 @@ simulator and the planner (thousands) all place through it. Besides placing and
 releasing, it answers the questions a packing controller asks: which replicas to
 remove so whole devices go idle (`scale_down_victims`, `release_order`), and which to move so
 sparse devices empty (`consolidation_moves`, a proposal only, in the spirit of
-the Kubernetes descheduler's HighNodeUtilization).
+the Kubernetes descheduler's HighNodeUtilization). `place_shared()` time-shares a
+device whose compute is all held but little of it busy (a function's first replica
+when nothing else can be had).
 
 Pure: stdlib, numpy and numba (plugins); no I/O, no clock.
 """
@@ -135,6 +137,36 @@ class SliceCluster:
     def place(self, demand: Demand) -> Placement | Unplaceable:
         """Filter, score, choose and allocate: one compiled pass over all devices."""
         return self._place(demand, None)
+
+    def place_shared(self, demand: Demand, max_busy: float) -> Placement | Unplaceable:
+        """Time-share: place `demand` beyond a device's compute, on a device whose observed duty
+        (`set_device_busy`) is at most `max_busy` and whose memory fits it, the least overcommitted
+        first (then the least busy, then by id). Its compute is held beyond the device's (free
+        compute goes below 0), so no slice is placed there by `place()` until enough leave; its
+        replica then shares the device's compute with the others, as time-sliced GPU contexts do
+        (MPS clients whose active-thread percentages add up to more than 100). E.g. emulated:0
+        full with 8 x 1/8 busy 6 % of the time, emulated:1 full and 1/8 over, busy 2 %,
+        max_busy 0.5: a 1/8 goes to emulated:0 (nothing over yet), leaving it 1/8 over."""
+        if (problem := invalid(demand)) is not None:
+            return Unplaceable(demand.replica, (problem,), Status.ERROR)
+        if demand.replica in self._replicas:
+            return self._place(demand, None)  # says where it is
+        units, mib = self._needs(demand)
+        need = mib if isinstance(mib, np.ndarray) else np.full(len(self.devices), mib, np.int64)
+        busy = self._busy_pct if self._busy_pct.shape[0] else np.zeros(len(self.devices), np.int64)
+        ok = ((self._kinds(demand.kinds) > 0) & (need <= self._free_mib) & (units <= UNITS)
+              & (busy <= plugins.duty_pct(max_busy)))
+        if not ok.any():
+            why = (f"no device of kind {' or '.join(demand.kinds)} has its memory free and at most "
+                   f"{max_busy:.0%} of its compute busy")
+            return Unplaceable(demand.replica, (why,), Status.UNSCHEDULABLE)
+        over = np.maximum(0, -self._free_units.astype(np.int64))
+        best = min(np.flatnonzero(ok).tolist(), key=lambda i: (int(over[i]), int(busy[i]), int(self._id_rank[i])))
+        return self._hold(demand, best, units, int(need[best]), None)
+
+    def over_units(self, device_id: str) -> int:
+        """Compute held beyond the device's by time-shared replicas, in UNITS (0 if none)."""
+        return max(0, -int(self._free_units[self._index[device_id]]))
 
     def _place(self, demand: Demand, allowed: np.ndarray | None) -> Placement | Unplaceable:
         if (problem := invalid(demand)) is not None:

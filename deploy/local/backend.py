@@ -26,6 +26,7 @@ import httpx
 
 from autoscaler.placement import Placement
 from functions.spec import LIMITS, FunctionSpec
+from serving.executor import EMULATED_COMPUTE_ENV
 
 log = logging.getLogger("shoal.local")
 
@@ -66,10 +67,14 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def replica_env(placement: Placement) -> dict[str, str]:
-    """How the slice is enforced from outside the replica process."""
+def replica_env(placement: Placement, compute_dir: Path | None = None) -> dict[str, str]:
+    """How the slice is enforced from outside the replica process; on an emulated device, the file
+    its replicas share the device's compute through (serving.executor.EmulatedCompute), one per
+    device under `compute_dir`."""
     env = {"PYTHONUNBUFFERED": "1"}
     device = placement.device
+    if device.emulated and compute_dir is not None:
+        env[EMULATED_COMPUTE_ENV] = str(compute_dir / f"{device.id.replace(':', '-')}.compute")
     if device.kind == "gpu":
         env["CUDA_VISIBLE_DEVICES"] = device.id.split(":", 1)[1]
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(float(placement.fraction) * 100)))
@@ -126,6 +131,8 @@ class LocalBackend:
         self._http: httpx.AsyncClient | None = None
         self._closing = False
         self.socket_dir = _socket_dir(self.state_dir)
+        self.compute_dir = self.state_dir / "emulated"  # the emulated devices' compute, shared by their replicas
+        self.compute_dir.mkdir(parents=True, exist_ok=True)
 
     async def start(self) -> None:
         self._http = httpx.AsyncClient(timeout=2.0)
@@ -185,7 +192,7 @@ class LocalBackend:
         artifact = self.artifact_path(spec.artifact)
         self._command({
             "op": "spawn", "id": replica_id, "log": str(replica.log_path),
-            "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds), "env": replica_env(placement),
+            "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds), "env": replica_env(placement, self.compute_dir),
         })
         replica.pid = await asyncio.wait_for(future, 30)
         self._by_pid[replica.pid] = replica

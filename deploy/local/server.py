@@ -1,7 +1,7 @@
 """`shoal up`: the whole control plane in one process, on the embedded default.
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
-             [--auth-inference] [--no-take-back] [--metrics-source direct|prometheus --prometheus-url URL]
+             [--auth-inference] [--no-take-back] [--time-share-busy 0.5] [--metrics-source direct|prometheus --prometheus-url URL]
              [--policy shoal|kpa|ray]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
@@ -238,7 +238,7 @@ class ControlPlane:
         for name, (spec, revision) in self.source.functions().items():
             functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
                                "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
-                               "cold_starts": _cold_count(self.metrics, name)}
+                               "cold_starts": self.loop.exported.cold_starts.get(name, 0)}
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
                 "policy": self.loop.policy.name}
 
@@ -295,11 +295,6 @@ class ControlPlane:
                 return
 
 
-def _cold_count(registry: CollectorRegistry, function: str) -> int:
-    """Cold starts: the times the function was raised from zero replicas (loop.LoopMetrics)."""
-    return int(registry.get_sample_value("shoal_scale_from_zero_total", {"function": function}) or 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shoal up", description="Run the control plane: gateway, API, controller, local backend.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -312,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-take-back", action="store_true",
                    help="a replica that cannot be placed does not take slices back from other functions' "
                         "idle replicas (for comparison; requests waiting for it are refused)")
+    p.add_argument("--time-share-busy", type=float, default=ControllerConfig().time_share_busy,
+                   help="a function's first replica that no free or lent slice can take time-shares a device "
+                        "whose replicas are busy at most this share of its compute (default 0.5; 0: never, "
+                        "its requests wait for a slice)")
     p.add_argument("--max-artifact-mib", type=float, default=DEFAULT_MAX_ARTIFACT_BYTES / 2**20,
                    help="largest artifact accepted (default 1024 MiB)")
     p.add_argument("--metrics-source", choices=("direct", "prometheus"), default="direct",
@@ -350,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         plane = ControlPlane(
             Path(args.state_dir), args.devices, args.auth_inference,
             GatewayConfig(hold_timeout_s=args.hold_timeout_s),
-            ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back),
+            ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back,
+                             time_share_busy=args.time_share_busy),
             int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy),
         )
     except ValueError as exc:
@@ -375,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(plane, http="httptools", ws="none", lifespan="on", log_level="warning",
                             access_log=False, server_header=False,
                             timeout_graceful_shutdown=int(LIMITS.graceful_shutdown_s),
-                            proxy_headers=False)
+                            # a client's idle connection is closed by the server after this; at
+                            # uvicorn's 5 s a client that reused one just then saw it closed under
+                            # its request (4 of 12,093 in docs/loadtests.md's 60-function run).
+                            # 75 s, nginx's keepalive_timeout, outlasts the usual 60 s client idle
+                            timeout_keep_alive=75, proxy_headers=False)
     server = uvicorn.Server(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

@@ -216,24 +216,26 @@ class _Router:
         return 0
 
 
-def _spec(name: str) -> FunctionSpec:
-    return FunctionSpec(name, "sha256:" + "0" * 64 + "/p.yaml", slice=SliceRequest(Fraction(1, 8)),
+def _spec(name: str, memory_mib: int | None = None) -> FunctionSpec:
+    return FunctionSpec(name, "sha256:" + "0" * 64 + "/p.yaml", slice=SliceRequest(Fraction(1, 8), memory_mib),
                         scaling=ScalingSpec(slo_p95_ms=500.0, idle_to_zero_s=60.0))
 
 
-def _full_scaler(take_back: bool):
+def _full_scaler(take_back: bool, memory_mib: int | None = None, time_share_busy: float = 0.5):
     """One emulated device, full with 8 ready replicas at 1/8: f0 has a request in flight, f1 answered
     100 requests over its 100 s of life (1 rps, active at 99), f2..f7 answered 1 each (0.01 rps,
-    active at 40 or before). Requests wait for w, which has no replica."""
+    active at 40 or before). Requests wait for w, which has no replica. Each takes 1/8 of the
+    device's memory, or `memory_mib`."""
     events: list[tuple] = []
     backend, router = _Backend(), _Router({"w": 2})
     clock = SimpleNamespace(now=0.0)
+    config = ControllerConfig(take_back=take_back, time_share_busy=time_share_busy)
     scaler = ReplicaScaler(backend, router, Inventory((emulated(0),)), lambda *a, **k: events.append((a, k)),
-                           CollectorRegistry(), ControllerConfig(take_back=take_back), clock=lambda: clock.now)
+                           CollectorRegistry(), config, clock=lambda: clock.now)
 
     async def fill():
         for i in range(8):
-            await scaler.start_replica(f"f{i}", _spec(f"f{i}"), 1)
+            await scaler.start_replica(f"f{i}", _spec(f"f{i}", memory_mib), 1)
 
     asyncio.run(fill())
     for r in scaler.replicas.values():
@@ -247,8 +249,8 @@ def _full_scaler(take_back: bool):
     return scaler, backend, router, events
 
 
-def _apply_w(scaler) -> None:
-    target = Target(_spec("w"), 1, 1, ScaleDecision(1, "COLD_START"))
+def _apply_w(scaler, memory_mib: int | None = None) -> None:
+    target = Target(_spec("w", memory_mib), 1, 1, ScaleDecision(1, "COLD_START"))
 
     async def run():
         await scaler.apply({"w": target})
@@ -404,3 +406,72 @@ def test_a_start_held_short_reports_no_change():
         r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0)
     changed = asyncio.run(scaler.apply({"w": Target(_spec("w"), 1, 1, ScaleDecision(1, "COLD_START"))}))
     assert changed == {} and not scaler.live("w")
+
+
+# ---- time-sharing: a first replica nothing frees a slice for shares a little-busy device
+
+
+def _all_in_flight(scaler, duty: float) -> None:
+    """Every replica with a request in flight (nothing to lend), busy `duty` of the last 1 s."""
+    for r in scaler.replicas.values():
+        r.stats = [ReplicaStat(r.id, 99.0, completed=r.stats[-1].completed),
+                   ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0, busy_s=duty)]
+
+
+def test_a_first_replica_with_nothing_to_lend_time_shares_a_quiet_device():
+    # 8 x 1/8 replicas of 1 GiB each, every one with a request in flight but busy 10 % of the last
+    # second: the device's compute is 8 x 0.1 x 1/8 = 10 % busy <= 50 %, and 73,728 MiB are free;
+    # w's first replica is placed beyond the compute (9/8 held) and started in the tick
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024)
+    _all_in_flight(scaler, duty=0.1)
+    _apply_w(scaler, memory_mib=1024)
+    (w,) = scaler.live("w")
+    assert w.state == "ready" and w.placement.device.id == "emulated:0" and router.added[-1] == w.id
+    assert scaler.cluster.allocated_ratio("emulated:0") == 1.125 and scaler.cluster.over_units("emulated:0") == 90090
+    (said,) = [(a, k) for a, k in events if a[0] == "time_share"]
+    assert said[0][1].startswith("w time-shares emulated:0 (emulated): 2 request(s) waiting and no slice to be had "
+                                 "(no free slice, and every slice serves a floor or more)")
+    assert "busy 10% of its compute, its slices now hold 112% of it" in said[0][1]
+    assert said[1]["data"]["busy"] == pytest.approx(0.1)
+    assert scaler.time_shared.labels("w", "emulated:0")._value.get() == 1
+    assert not [a for a, _ in events if a[0] in ("held_short", "unplaceable", "takeback")]
+    assert backend.stopped == [] and router.failed == []
+
+
+def test_a_busy_device_is_not_time_shared_and_the_requests_stay_held():
+    # the same, each replica busy 60 % of the time: 60 % of the device > 50 %: w waits, said as held short
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024)
+    _all_in_flight(scaler, duty=0.6)
+    _apply_w(scaler, memory_mib=1024)
+    assert not scaler.live("w") and router.failed == []
+    assert [a[0] for a, _ in events if a[0] in ("time_share", "held_short")] == ["held_short"]
+
+
+def test_time_sharing_off_leaves_the_requests_held():
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _all_in_flight(scaler, duty=0.1)
+    _apply_w(scaler, memory_mib=1024)
+    assert not scaler.live("w") and not [a for a, _ in events if a[0] == "time_share"]
+
+
+def test_an_idle_replica_is_lent_before_a_device_is_time_shared():
+    # f2..f7 are idle and cheap to take: lending comes first, nothing is overcommitted
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024)
+    _apply_w(scaler, memory_mib=1024)
+    assert [a[0] for a, _ in events if a[0] in ("time_share", "takeback")] == ["takeback"]
+    assert scaler.cluster.over_units("emulated:0") == 0
+
+
+@pytest.mark.parametrize("time_share_busy, took_f1", [(0.5, False), (0.0, True)])
+def test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken(time_share_busy, took_f1):
+    # only f1 is idle, and taking it likely costs a late request (1 rps, active at 99: cost 2.5, kept);
+    # the device's replicas are busy 10 %: w time-shares it and f1 keeps its slice. Without
+    # time-sharing, w's floor takes f1 as before.
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=time_share_busy)
+    for r in scaler.replicas.values():
+        if r.function != "f1":
+            r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0, busy_s=0.1)
+    _apply_w(scaler, memory_mib=1024)
+    assert [e[0] for e, _ in events if e[0] in ("time_share", "takeback")] == (
+        ["takeback"] if took_f1 else ["time_share"])
+    assert backend.stopped == (["f1-2"] if took_f1 else []) and len(scaler.live("w")) == 1

@@ -319,6 +319,7 @@ def test_shoal_up_scales_a_function_from_zero_with_each_policy(policy, load, exp
     assert local.registry.get_sample_value("shoal_controller_policy", {"policy": policy.name}) == 1.0
     # a cold start is a raise from zero replicas, once, however many replicas it asked for
     assert local.registry.get_sample_value("shoal_scale_from_zero_total", {"function": "digits"}) == 1.0
+    assert local.loop.exported.cold_starts == {"digits": 1}  # what shoal up's status reads
 
 
 def test_kpa_keeps_scaling_with_its_own_windows_through_the_loop():

@@ -581,3 +581,48 @@ def test_devices_outside_the_arithmetics_range_are_refused(memory_mib):
 def test_negative_score_weights_are_refused():
     with pytest.raises(ValueError, match="score weights must be whole numbers >= 0, got binpack -1"):
         BINPACK.with_scores(binpack=-1)
+
+
+# ---- time-sharing (place_shared): beyond a device's compute, where little of it is busy
+
+
+def _full_emulated(n: int) -> SliceCluster:
+    devices = [Device(f"emulated:{i}", "emulated", 81920) for i in range(n)]
+    allocs = tuple(Allocation(f"f{i}{k}-1", d.id, Fraction(1, 8), 1024, (), f"f{i}{k}")
+                   for i, d in enumerate(devices) for k in range(8))
+    return SliceCluster.from_inventory(Inventory(tuple(devices), allocs))
+
+
+def _eighth(replica: str, memory_mib: int | None = 1024) -> Demand:
+    return Demand(replica, replica.split("-")[0], Fraction(1, 8), memory_mib, ("emulated",))
+
+
+def test_place_shared_goes_to_the_least_overcommitted_quiet_device():
+    cluster = _full_emulated(3)
+    cluster.set_device_busy("emulated:0", 0.06)
+    cluster.set_device_busy("emulated:1", 0.02)
+    cluster.set_device_busy("emulated:2", 0.7)  # too busy at max_busy 0.5
+    assert isinstance(cluster.place(_eighth("w-1")), Unplaceable)  # no compute left anywhere
+    first = cluster.place_shared(_eighth("w-1"), 0.5)
+    assert first.device.id == "emulated:1"  # none overcommitted yet: the least busy
+    second = cluster.place_shared(_eighth("v-1"), 0.5)
+    assert second.device.id == "emulated:0"  # emulated:1 is 1/8 over now
+    assert cluster.over_units("emulated:0") == cluster.over_units("emulated:1") == to_units(Fraction(1, 8))
+    assert cluster.allocated_ratio("emulated:1") == 1.125
+    # released, the device is back to full, not over, and place() still finds no room there
+    assert cluster.release("w-1") and cluster.over_units("emulated:1") == 0
+    assert isinstance(cluster.place(_eighth("u-1")), Unplaceable)
+
+
+def test_place_shared_needs_memory_and_a_quiet_device():
+    cluster = _full_emulated(1)
+    cluster.set_device_busy("emulated:0", 0.6)
+    busy = cluster.place_shared(_eighth("w-1"), 0.5)
+    assert isinstance(busy, Unplaceable) and busy.status == Status.UNSCHEDULABLE
+    assert "at most 50% of its compute busy" in busy.message
+    cluster.set_device_busy("emulated:0", 0.1)
+    # a slice that takes its share of memory (81920 / 8 = 10240 MiB): 8 x 1024 used, 73728 free: fits
+    assert isinstance(cluster.place_shared(_eighth("v-1", None), 0.5), Placement)
+    assert isinstance(cluster.place_shared(Demand("x-1", "x", Fraction(1, 8), 70000, ("emulated",)), 0.5),
+                      Unplaceable)  # 63488 MiB left
+    assert isinstance(cluster.place_shared(Demand("g-1", "g", Fraction(1, 8), 10, ("gpu",)), 0.5), Unplaceable)
