@@ -5,9 +5,10 @@ gateway's routing table when ready, and drains and stops surplus ones, newest fi
 keep serving); a replica that cannot be placed takes slices back from other functions' idle
 replicas in the same tick (autoscaler.lending chooses them), and a function's first replica that
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
-busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas that died or whose
-function went away, and backs off a function whose replicas fail to start. Written against interfaces declared here and implemented in
-`deploy.local` (the backend) and `serving` (the gateway): imports neither.
+busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas
+that died or whose function went away, and backs off a function whose replicas fail to start.
+Written against interfaces declared here and implemented in `deploy.local` (the backend) and
+`serving` (the gateway): imports neither.
 """
 
 from __future__ import annotations
@@ -234,22 +235,26 @@ class ReplicaScaler:
         asks = want_asks([w for w, _, _ in wants.values()])
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
-        # what is cheap to take first; then a quiet device time-shared; then what was kept
+        # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
+        # kept. Further replicas only ever take cheap ones: they go in the last pass, after them
         pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
+        later = [a for a in asks if not wants[a.demand.replica][0].first] if len(pools) > 1 else []
+        asks = [a for a in asks if a not in later]
         for k, pool in enumerate(pools):
-            shares = share(self.cluster, asks, [h for h in pool if h.replica in self.cluster])
-            short = {h.demand.replica: h for h in shares.short}
+            last = k == len(pools) - 1
+            shares = share(self.cluster, asks + later if last else asks, [h for h in pool if h.replica in self.cluster])
+            short = {h.demand.replica for h in shares.short}
             for g in shares.grants:
                 self._grant(wants[g.demand.replica], g.victims, found)
-            last = k == len(pools) - 1
             for held in shares.short:
                 want, spec, revision = wants[held.demand.replica]
                 if k == 0 and (replica := self._time_share(want, spec, revision, held)) is not None:
                     self._spawn_task(self._bring_up(replica))
-                    del short[held.demand.replica]
+                    short.discard(held.demand.replica)
                 elif last:
                     self._say_held_short(held, want, now)
-                    self._place(want.demand, spec, revision)  # says why it cannot be placed
+                    if (replica := self._place(want.demand, spec, revision)) is not None:  # else: says why
+                        self._spawn_task(self._bring_up(replica))
             asks = [a for a in asks if a.demand.replica in short]
 
     def _grant(self, wanted: tuple[Want, FunctionSpec, int], victims: tuple[Hold, ...], found: dict) -> None:

@@ -110,13 +110,15 @@ EMULATED_COMPUTE_ENV = "SHOAL_EMULATED_COMPUTE"  # the file of the emulated devi
 class EmulatedCompute:
     """An emulated device's compute, shared by the replicas on it. A model call holds its slice's
     share of the device (a range of `_SPAN` byte positions of one file, locked with fcntl) while it
-    runs, and waits while every range of its size is held: replicas whose slices add up to at most
-    the device never wait; replicas placed beyond it (time-shared, autoscaler.replicas) wait for
-    each other, as contexts time-sliced on one GPU do. Record locks belong to the process and go
-    with it, so a replica that dies frees its share. E.g. a 1/8 slice: ranges of 720720 / 8 = 90090
-    positions, 8 of them; a call tries each, the one it last held first, and when all 8 are held
-    waits on that one (one range, not the first to free: a wait can outlast a free range by at
-    most the call that holds its own)."""
+    runs, and waits while every range of its size is held. Replicas of one slice size that add up
+    to at most the device never wait; replicas placed beyond it (time-shared, autoscaler.replicas)
+    wait for each other, reserved or not, as contexts time-sliced on one GPU do. Record locks
+    belong to the process and go with it, so a replica that dies frees its share. E.g. a 1/8
+    slice: ranges of 720720 / 8 = 90090 positions, 8 of them; a call takes the first free one
+    (lowest first, so mixed powers of two pack: six 1/8 calls leave a 1/4 range free), and when
+    all 8 are held waits on the one it last held (not the first to free: a wait can outlast a
+    free range by the call holding its own). Sizes that do not line up (3/8 beside 5/8) can
+    wait below the device's compute."""
 
     def __init__(self, path: str, fraction: Fraction):
         self.size = math.ceil(Fraction(fraction) * _SPAN)
@@ -124,7 +126,7 @@ class EmulatedCompute:
             raise ValueError(f"slice fraction ({fraction}) must be within (0, 1]")
         self.count = _SPAN // self.size
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._last = os.getpid() % self.count  # replicas start on different ranges
+        self._last = 0  # the range it last held: where it waits when all are held
         self.waits = 0  # calls that found every range held
 
     @classmethod
@@ -137,7 +139,7 @@ class EmulatedCompute:
     @contextmanager
     def hold(self) -> Iterator[None]:
         taken = None
-        for k in [(self._last + i) % self.count for i in range(self.count)]:
+        for k in range(self.count):
             try:
                 fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, self.size, k * self.size)
             except OSError as exc:

@@ -138,15 +138,17 @@ class SliceCluster:
         """Filter, score, choose and allocate: one compiled pass over all devices."""
         return self._place(demand, None)
 
-    def place_shared(self, demand: Demand, max_busy: float) -> Placement | Unplaceable:
+    def place_shared(self, demand: Demand, max_busy: float, max_over: float = 1.0) -> Placement | Unplaceable:
         """Time-share: place `demand` beyond a device's compute, on a device whose observed duty
-        (`set_device_busy`) is at most `max_busy` and whose memory fits it, the least overcommitted
-        first (then the least busy, then by id). Its compute is held beyond the device's (free
-        compute goes below 0), so no slice is placed there by `place()` until enough leave; its
-        replica then shares the device's compute with the others, as time-sliced GPU contexts do
-        (MPS clients whose active-thread percentages add up to more than 100). E.g. emulated:0
-        full with 8 x 1/8 busy 6 % of the time, emulated:1 full and 1/8 over, busy 2 %,
-        max_busy 0.5: a 1/8 goes to emulated:0 (nothing over yet), leaving it 1/8 over."""
+        (`set_device_busy`) is at most `max_busy`, whose memory fits it and whose compute held
+        beyond its own stays within `max_over` of it (1.0: time-shared slices at most double a
+        device); the preferred kind first, then the least overcommitted, the least busy, by id.
+        Its compute is held beyond the device's (free compute goes below 0), so no slice is
+        placed there by `place()` until enough leave; its replica then shares the device's
+        compute with the others, as time-sliced GPU contexts do (MPS clients whose active-thread
+        percentages add up to more than 100). E.g. emulated:0 full with 8 x 1/8 busy 6 % of the
+        time, emulated:1 full and 1/8 over, busy 2 %, max_busy 0.5: a 1/8 goes to emulated:0
+        (nothing over yet), leaving it 1/8 over."""
         if (problem := invalid(demand)) is not None:
             return Unplaceable(demand.replica, (problem,), Status.ERROR)
         if demand.replica in self._replicas:
@@ -154,14 +156,16 @@ class SliceCluster:
         units, mib = self._needs(demand)
         need = mib if isinstance(mib, np.ndarray) else np.full(len(self.devices), mib, np.int64)
         busy = self._busy_pct if self._busy_pct.shape[0] else np.zeros(len(self.devices), np.int64)
-        ok = ((self._kinds(demand.kinds) > 0) & (need <= self._free_mib) & (units <= UNITS)
-              & (busy <= plugins.duty_pct(max_busy)))
-        if not ok.any():
-            why = (f"no device of kind {' or '.join(demand.kinds)} has its memory free and at most "
-                   f"{max_busy:.0%} of its compute busy")
-            return Unplaceable(demand.replica, (why,), Status.UNSCHEDULABLE)
         over = np.maximum(0, -self._free_units.astype(np.int64))
-        best = min(np.flatnonzero(ok).tolist(), key=lambda i: (int(over[i]), int(busy[i]), int(self._id_rank[i])))
+        preference = self._kinds(demand.kinds)
+        ok = ((preference > 0) & (need <= self._free_mib) & (units <= UNITS)
+              & (busy <= plugins.duty_pct(max_busy)) & (over + units <= int(max_over * UNITS)))
+        if not ok.any():
+            why = (f"no device of kind {' or '.join(demand.kinds)} has its memory free, at most "
+                   f"{max_busy:.0%} of its compute busy and room to time-share within {max_over:.0%} over it")
+            return Unplaceable(demand.replica, (why,), Status.UNSCHEDULABLE)
+        best = min(np.flatnonzero(ok).tolist(),
+                   key=lambda i: (-int(preference[i]), int(over[i]), int(busy[i]), int(self._id_rank[i])))
         return self._hold(demand, best, units, int(need[best]), None)
 
     def over_units(self, device_id: str) -> int:
@@ -270,6 +274,9 @@ class SliceCluster:
         if name == "fits_kind":
             return f"{device.id}: kind {device.kind}, needs {' or '.join(demand.kinds)}"
         if name == "fits_compute":
+            if used > 1:
+                return (f"{device.id}: compute time-shared, {float(used - 1):.0%} over, needs "
+                        f"{float(demand.fraction):.0%}")
             return f"{device.id}: {float(1 - used):.0%} of compute free, needs {float(demand.fraction):.0%}"
         if name == "fits_memory":
             return f"{device.id}: {device.memory_mib - used_mib} MiB free, needs {memory_for(demand, device)} MiB"
@@ -318,7 +325,7 @@ class SliceCluster:
         return int(np.count_nonzero(self._count))
 
     def allocated_fraction(self) -> float:
-        """Compute allocated over compute in the cluster, 0..1."""
+        """Compute allocated over compute in the cluster, 0..1 (above 1 where devices are time-shared)."""
         return float(self._used_units().sum()) / max(1, UNITS * len(self.devices))
 
     def allocation_count(self) -> int:
@@ -331,7 +338,8 @@ class SliceCluster:
         return replica_id in self._replicas
 
     def allocated_ratio(self, device_id: str) -> float:
-        """Compute allocated on one device, 0..1 (the controller's shoal_slice_allocated_ratio)."""
+        """Compute allocated on one device, 0..1, above 1 when time-shared (the controller's
+        shoal_slice_allocated_ratio)."""
         return float(self.used(device_id)[0])
 
     def used(self, device_id: str) -> tuple[Fraction, int]:

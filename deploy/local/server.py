@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                             timeout_graceful_shutdown=int(LIMITS.graceful_shutdown_s),
                             # a client's idle connection is closed by the server after this; at
                             # uvicorn's 5 s a client that reused one just then saw it closed under
-                            # its request (4 of 12,093 in docs/loadtests.md's 60-function run).
+                            # its request (6 of 12,093 in one run: docs/benchmarks.md).
                             # 75 s, nginx's keepalive_timeout, outlasts the usual 60 s client idle
                             timeout_keep_alive=75, proxy_headers=False)
     server = uvicorn.Server(config)

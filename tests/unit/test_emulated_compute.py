@@ -18,15 +18,17 @@ from autoscaler.placement import Device, Placement
 from functions.spec import SliceRequest
 from serving.executor import EMULATED_COMPUTE_ENV, EmulatedCompute, SliceExecutor, bind_slice
 
-# holds `fraction` of the device in a process of its own for `hold_s`; prints when it got it
+# holds `fraction` of the device in a process of its own for `hold_s`: says "ready" before it
+# asks, then how long it waited and whether it found every range held
 _HOLDER = """
 import sys, time
 from fractions import Fraction
 from serving.executor import EmulatedCompute
 compute = EmulatedCompute(sys.argv[1], Fraction(sys.argv[2]))
+print("ready", flush=True)
 start = time.monotonic()
 with compute.hold():
-    print(f"{time.monotonic() - start:.3f}", flush=True)
+    print(f"{time.monotonic() - start:.3f} {compute.waits}", flush=True)
     time.sleep(float(sys.argv[3]))
 """
 
@@ -44,16 +46,37 @@ def test_a_call_waits_only_when_the_device_is_all_held(tmp_path, fraction, waits
     mine = EmulatedCompute(str(path), Fraction(fraction))
     with mine.hold():
         other = _holder(path, fraction, 0.0)
+        assert other.stdout.readline().strip() == "ready"
         time.sleep(0.6)
-    waited = float(other.communicate(timeout=30)[0])
-    assert (waited >= 0.3) is waits, waited
+    waited, found_all_held = other.stdout.readline().split()
+    other.wait(30)
+    assert (int(found_all_held) == 1) is waits and (float(waited) >= 0.3) is waits, (waited, found_all_held)
     mine.close()
+
+
+def test_smaller_slices_pack_so_a_larger_one_finds_room(tmp_path):
+    # first fit from the lowest range: six 1/8 holders take ranges 0-5, so the 1/4 range of 6-7 is free
+    path = tmp_path / "emulated-0.compute"
+    holders = [_holder(path, "1/8", 30.0) for _ in range(6)]
+    try:
+        for h in holders:
+            assert h.stdout.readline().strip() == "ready"
+            assert h.stdout.readline().split()[1] == "0"  # got a range without waiting
+        quarter = EmulatedCompute(str(path), Fraction(1, 4))
+        with quarter.hold():
+            assert quarter.waits == 0
+        quarter.close()
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait(10)
 
 
 def test_a_dead_holder_frees_its_share(tmp_path):
     path = tmp_path / "emulated-0.compute"
     holder = _holder(path, "1", 60.0)
-    assert float(holder.stdout.readline()) < 5  # it holds the whole device
+    assert holder.stdout.readline().strip() == "ready"
+    assert holder.stdout.readline().split()[1] == "0"  # it holds the whole device
     holder.kill()
     holder.wait(10)
     mine = EmulatedCompute(str(path), Fraction(1))
@@ -68,7 +91,8 @@ def test_the_executor_holds_the_share_for_timed_calls_only(tmp_path):
     binding = bind_slice(SliceRequest.parse("1"), "emulated:0", None, 2)
     executor = SliceExecutor(binding, EmulatedCompute(str(path), Fraction(1)))
     holder = _holder(path, "1", 0.5)
-    assert float(holder.stdout.readline()) < 5
+    assert holder.stdout.readline().strip() == "ready"
+    assert holder.stdout.readline().split()[1] == "0"  # it holds the whole device for 0.5 s
 
     async def calls():
         start = time.monotonic()

@@ -475,3 +475,22 @@ def test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken(time_share
     assert [e[0] for e, _ in events if e[0] in ("time_share", "takeback")] == (
         ["takeback"] if took_f1 else ["time_share"])
     assert backend.stopped == (["f1-2"] if took_f1 else []) and len(scaler.live("w")) == 1
+
+
+def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it():
+    # f0 (in flight, so not first) wants a second replica and w its first; nothing is idle, the
+    # device is quiet: w time-shares, f0's further replica is held short (headroom), not placed
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024)
+    _all_in_flight(scaler, duty=0.1)
+    router._held["f0"] = 3
+
+    async def run():
+        await scaler.apply({"f0": Target(_spec("f0", 1024), 1, 1, ScaleDecision(2, "SCALE_UP")),
+                            "w": Target(_spec("w", 1024), 1, 1, ScaleDecision(1, "COLD_START"))})
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
+    assert [(a[0], k["function"]) for a, k in events if a[0] in ("time_share", "held_short")] == [
+        ("time_share", "w"), ("held_short", "f0")]
+    assert scaler.cluster.over_units("emulated:0") == 90090  # w's 1/8 alone is over

@@ -626,3 +626,17 @@ def test_place_shared_needs_memory_and_a_quiet_device():
     assert isinstance(cluster.place_shared(Demand("x-1", "x", Fraction(1, 8), 70000, ("emulated",)), 0.5),
                       Unplaceable)  # 63488 MiB left
     assert isinstance(cluster.place_shared(Demand("g-1", "g", Fraction(1, 8), 10, ("gpu",)), 0.5), Unplaceable)
+
+
+def test_place_shared_stays_within_max_over_and_prefers_the_demands_kind():
+    cluster = _full_emulated(1)
+    # at most 1/4 over: two 1/8 time-share, the third finds no room
+    assert all(isinstance(cluster.place_shared(_eighth(f"w{i}-1"), 0.5, max_over=0.25), Placement) for i in range(2))
+    third = cluster.place_shared(_eighth("w2-1"), 0.5, max_over=0.25)
+    assert isinstance(third, Unplaceable) and "within 25% over it" in third.message
+    assert "compute time-shared, 25% over" in cluster.place(_eighth("u-1")).message
+    # a model that prefers a GPU time-shares the GPU, not the CPU, though "cpu:0" sorts first
+    devices = (Device("cpu:0", "cpu", 81920, cpus=(0, 1)), Device("gpu:0", "gpu", 81920))
+    allocs = (Allocation("a-1", "cpu:0", Fraction(1), 1024, (0, 1), "a"), Allocation("b-1", "gpu:0", Fraction(1), 1024, (), "b"))
+    mixed = SliceCluster.from_inventory(Inventory(devices, allocs))
+    assert mixed.place_shared(Demand("m-1", "m", Fraction(1, 4), 1024, ("gpu", "cpu")), 0.5).device.id == "gpu:0"
