@@ -283,9 +283,7 @@ class ReplicaScaler:
         if isinstance(placed, Unplaceable):
             return None
         name, device = want.demand.function, placed.device
-        self.unplaced.pop(name, None)
-        replica = Replica(want.demand.replica, name, revision, placed, created_at=self.clock(), spec=spec)
-        self.replicas[replica.id] = replica
+        replica = self._register(placed, spec, revision)
         self.time_shared.labels(name, device.id).inc()
         used, _ = self.cluster.used(device.id)
         busy = self.device_busy.get(device.id, 0.0)
@@ -432,9 +430,13 @@ class ReplicaScaler:
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
-        self.unplaced.pop(name, None)
-        replica = Replica(demand.replica, name, revision, placed, created_at=self.clock(), spec=spec)
-        self.replicas[demand.replica] = replica
+        return self._register(placed, spec, revision)
+
+    def _register(self, placed: Placement, spec: FunctionSpec, revision: int) -> Replica:
+        """A replica for a slice just held, starting from now (its function waits no more)."""
+        self.unplaced.pop(placed.function, None)
+        replica = Replica(placed.replica, placed.function, revision, placed, created_at=self.clock(), spec=spec)
+        self.replicas[placed.replica] = replica
         return replica
 
     async def _bring_up(self, replica: Replica, after: list[asyncio.Task] | tuple = ()) -> Replica | None:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -114,17 +115,11 @@ def outcome(out: Path) -> dict[str, Any]:
         "slo_attainment": summary["slo_attainment"], "p95_ms": summary["latency_ms"]["p95"],
         "cold_starts": summary["cold_starts"]["count"], "takebacks": len(takebacks),
         "takebacks_by_pair": _pairs(takebacks), "time_shared": len(shared),
-        "time_shared_by_device": _count(e["data"]["device"] for e in shared), "unplaceable_events": len(unplaceable),
+        "time_shared_by_device": dict(sorted(Counter(e["data"]["device"] for e in shared).items())),
+        "unplaceable_events": len(unplaceable),
         "unplaceable_refused": sum(1 for e in unplaceable if not (e.get("data") or {}).get("waiting")),
         "replica_slice_seconds": summary["replica_slice_seconds"],
     }
-
-
-def _count(keys: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 def _pairs(takebacks: list[dict[str, Any]]) -> dict[str, int]:
