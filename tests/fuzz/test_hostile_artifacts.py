@@ -85,7 +85,8 @@ class Api:
         for path in self.state.rglob("*"):
             relative = path.relative_to(self.state)
             if path.is_dir() or relative.parts[0] != "artifacts":
-                assert relative.parts[0] in ("artifacts", "token", "lock", "logs", "sockets") or \
+                # emulated: the emulated devices' compute files (deploy.local.backend)
+                assert relative.parts[0] in ("artifacts", "token", "lock", "logs", "sockets", "emulated") or \
                     relative.name.startswith("registry.db"), relative
                 continue
             # artifacts/sha256/<2 hex>/<64 hex>/<name>, of an upload the API accepted
