@@ -31,14 +31,16 @@ from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
 )
 from autoscaler.loop import Memory, policy_table
+from autoscaler.replicas import ControllerConfig
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
 from autoscaler.snapshot import MetricsSnapshot
-from autoscaler.placement import Demand, Device, SliceCluster, Status, Unplaceable
+from autoscaler.placement import Demand, Device, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
 RATE_WINDOW_S = 120.0  # a function's request rate, for the cost of taking its idle slice (ControllerConfig's)
+TIME_SHARE_BUSY = ControllerConfig().time_share_busy  # the live controller's default
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
@@ -59,6 +61,7 @@ class Profile:
     cold_start_s: float = 3.0
     slo_ms: float = 100.0
     target_concurrency: float = 2.0
+    memory_mib: int | None = None  # a replica's GPU memory (None: its slice's share of the device's)
 
     def __post_init__(self) -> None:
         if not self.latency_ms or self.latency_ms[0][0] != 1:
@@ -92,8 +95,13 @@ class SimConfig:
     tick_s: float = 1.0
     timeout_s: float = 60.0
     warmup_s: float = 0.0  # requests and costs before this are simulated but not counted
+    # a function's first replica that no slice can take time-shares a device busy at most this
+    # much (ControllerConfig.time_share_busy, for a policy that lends; 0: never)
+    time_share_busy: float = TIME_SHARE_BUSY
 
     def __post_init__(self) -> None:
+        if not 0 <= self.time_share_busy <= 1:
+            raise ValueError(f"time_share_busy ({self.time_share_busy}) must be within [0, 1]")
         if self.gpu_memory_mib < 1:
             raise ValueError(f"gpu_memory_mib ({self.gpu_memory_mib}) must be >= 1")
         if self.gpus < 1 or self.gpus_per_node < 1:
@@ -370,6 +378,7 @@ class _Servers:
     speed: np.ndarray = field(init=False)  # service-time multiplier: ref_slice / slice
     slice: np.ndarray = field(init=False)
     alive: np.ndarray = field(init=False)
+    device: np.ndarray = field(init=False)  # the index of its device in SimConfig.devices()
 
     def __post_init__(self) -> None:
         self.fid = np.zeros(self.capacity, np.int64)
@@ -378,14 +387,16 @@ class _Servers:
         self.speed = np.ones(self.capacity)
         self.slice = np.zeros(self.capacity)
         self.alive = np.zeros(self.capacity, bool)
+        self.device = np.zeros(self.capacity, np.int64)
         self.unused = list(range(self.capacity - 1, -1, -1))
 
-    def add(self, fid: int, ready_at: float, speed: float, slice_fraction: float) -> int:
+    def add(self, fid: int, ready_at: float, speed: float, slice_fraction: float, device: int) -> int:
         if not self.unused:
             self._grow()
         slot = self.unused.pop()
         self.fid[slot], self.free[slot], self.ready_at[slot] = fid, ready_at, ready_at
         self.speed[slot], self.slice[slot], self.alive[slot] = speed, slice_fraction, True
+        self.device[slot] = device
         return slot
 
     def remove(self, slot: int) -> None:
@@ -395,7 +406,7 @@ class _Servers:
     def _grow(self) -> None:
         old = self.capacity
         self.capacity *= 2
-        for name in ("fid", "free", "ready_at", "speed", "slice", "alive"):
+        for name in ("fid", "free", "ready_at", "speed", "slice", "alive", "device"):
             array = getattr(self, name)
             grown = np.zeros(self.capacity, array.dtype)
             grown[:old] = array
@@ -433,6 +444,7 @@ class Simulation:
         for g, (ix, _, _) in enumerate(self._lat_tables):
             self._lat_group[ix] = g
         self.cluster = SliceCluster(config.devices())
+        self._device_index = {d.id: i for i, d in enumerate(self.cluster.devices)}
         self.servers = _Servers()
         self.slots: list[list[int]] = [[] for _ in range(n)]
         self.replica_slot: dict[str, int] = {}
@@ -483,6 +495,8 @@ class Simulation:
         self._rate_count, self._rate_seconds = np.zeros(n), np.zeros(n)
         self._active_at = np.full(n, -np.inf)
         self.takebacks: dict[str, int] = {}  # replicas taken for another's, by what they served (lending.RANKS)
+        self.time_shared = 0  # first replicas placed beyond a device's compute (_time_share)
+        self._shared_on: np.ndarray | None = None  # per device, its replicas' stretch while one is time-shared
         self.held_short: dict[str, int] = {}  # per function, replicas wanted that the full cluster could not hold
         self.held_short_by_rank: dict[str, int] = {}
         # "warm": started before the trace as if running (not counted as starts); "cold": all at zero
@@ -549,6 +563,7 @@ class Simulation:
         self.slice_seconds = self.gpu_seconds = self.replica_seconds = 0.0
         self.reasons = {}
         self.takebacks, self.held_short, self.held_short_by_rank = {}, {}, {}
+        self.time_shared = 0
         self.requests = sum(len(v) for v in self.held.values())
 
     def record(self, wall_s: float) -> dict:
@@ -567,6 +582,7 @@ class Simulation:
             "takebacks": dict(sorted(self.takebacks.items())),
             "held_short": dict(sorted(self.held_short.items(), key=lambda kv: (-kv[1], kv[0]))),
             "held_short_by_rank": dict(sorted(self.held_short_by_rank.items())),
+            "time_shared": self.time_shared,
             "wall_s": round(wall_s, 3),
         }
 
@@ -643,6 +659,7 @@ class Simulation:
     # ------------------------------------------------------------------ serving
 
     def _serve(self, a: np.ndarray, f: np.ndarray, t0: float, t1: float) -> None:
+        stretch = self._stretch(t0) if self._shared_on is not None else None
         self.tick_n[:] = 0.0
         self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
@@ -665,7 +682,7 @@ class Simulation:
         slots = np.flatnonzero(srv.alive)
         slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]  # by function, earliest free first
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
-        service, latency_extra = self._service_times(n_f, slots, t0, dt)
+        service, latency_extra = self._service_times(n_f, slots, t0, dt, stretch)
         # the interleaved solution is exact when the servers' free times (none earlier than the
         # first request) lie within one service time of each other; otherwise (a replica still
         # starting, or a new one beside busy ones) the function is served one request at a time
@@ -798,7 +815,8 @@ class Simulation:
         return [(s, extra, tick_batch) if b <= tick_batch else (float(x / b), float(x - x / b), float(b))
                 for b, x in zip(rows.tolist(), lat.tolist())]
 
-    def _service_times(self, n_f: np.ndarray, slots: np.ndarray, t0: float, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    def _service_times(self, n_f: np.ndarray, slots: np.ndarray, t0: float, dt: float,
+                       stretch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per function: seconds a request occupies a replica, and the rest of its batch's latency.
         The batch size is `batch_size`'s rule for what each serving replica has to do in the
         tick: the tick's arrivals plus the backlog its replicas carry in (their work past t0
@@ -806,11 +824,13 @@ class Simulation:
         for a part of it counts for that part; one still starting does not batch for the
         others). E.g. 400/s on 2 ready replicas of 4 ms, nothing queued ->
         ceil(200 x 0.004 / 0.8) = 1; with 100 requests still queued on them -> 250/s each
-        for the batch rule: ceil(250 x .004 / .8) = 2."""
+        for the batch rule: ceil(250 x .004 / .8) = 2. On a time-shared device a replica's speed
+        is stretched (_stretch)."""
         srv = self.servers
         n = len(self.profiles)
         fid = srv.fid[slots]
-        speed_sum = np.bincount(fid, weights=srv.speed[slots], minlength=n)
+        weights = srv.speed[slots] if stretch is None else srv.speed[slots] * stretch[srv.device[slots]]
+        speed_sum = np.bincount(fid, weights=weights, minlength=n)
         speed = np.where(self.n_srv > 0, speed_sum / np.maximum(self.n_srv, 1), 1.0)
         ready_at = srv.ready_at[slots]
         serving = np.bincount(fid, weights=np.clip((t0 + dt - ready_at) / dt, 0.0, 1.0), minlength=n)
@@ -1062,15 +1082,20 @@ class Simulation:
         self._ids += 1
         fraction = self._slice_of[fid]
         name = self._names[fid]
+        memory = self.profiles[fid].memory_mib
         return Demand(f"{name}-{self._ids}", name, Fraction(fraction).limit_denominator(64),
-                      int(self.config.gpu_memory_mib * fraction), ("gpu",))
+                      int(self.config.gpu_memory_mib * fraction) if memory is None else memory, ("gpu",))
 
     def _place(self, fid: int, demand: Demand, now: float):
         placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):
             return placed
+        return self._add_server(fid, demand, placed, now)
+
+    def _add_server(self, fid: int, demand: Demand, placed: Placement, now: float):
         fraction = self._slice_of[fid]
-        slot = self.servers.add(fid, now + float(self.cold[fid]), self.profiles[fid].ref_slice / fraction, fraction)
+        slot = self.servers.add(fid, now + float(self.cold[fid]), self.profiles[fid].ref_slice / fraction, fraction,
+                                self._device_index[placed.device.id])
         self.slots[fid].append(slot)
         self.replica_slot[demand.replica], self.slot_replica[slot] = slot, demand.replica
         self.n_srv[fid] += 1
@@ -1117,8 +1142,10 @@ class Simulation:
         """The replicas this tick's decisions could not place, granted by autoscaler.lending.share
         against what every placed replica serves (_holds): a function's floor first, then needed
         replicas, then headroom, by requests per second per slice; a grant takes back lower-ranked
-        replicas of other functions (idle ones cheapest first) and is placed now. Those held short
-        are counted per function."""
+        replicas of other functions (idle ones cheapest first) and is placed now. As the live
+        controller does (ReplicaScaler._start), a first replica with requests waiting takes only
+        idle replicas at first; one that cannot time-shares a quiet device (_time_share) before
+        it may take more. Those held short are counted per function."""
         short, self._short = self._short, {}
         traffic, need = self._traffic_and_need()
         asks = []
@@ -1129,8 +1156,26 @@ class Simulation:
             waiting = int(traffic[fid] * self.config.tick_s - self.tick_n[fid])
             asks += [Ask(self._demand(fid), r, v, waiting) for r, v in zip(ranks.tolist(), values.tolist())]
         top = max(a.rank for a in asks)
-        shares = share(self.cluster, asks, self._holds(now, traffic, need, top))
-        for grant in shares.grants:
+        holds = self._holds(now, traffic, need, top)
+        if self.config.time_share_busy > 0:
+            firsts = {a.demand.replica: a for a in asks if a.rank == FLOOR}  # a function's first replica
+            if firsts:
+                shares = share(self.cluster, list(firsts.values()), [h for h in holds if h.rank == IDLE])
+                self._grant(shares.grants, now)
+                left = {held.demand.replica for held in shares.short
+                        if not (firsts[held.demand.replica].waiting > 0 and self._time_share(held.demand, now))}
+                asks = [a for a in asks if a.demand.replica not in firsts or a.demand.replica in left]
+        shares = share(self.cluster, asks, holds)
+        self._grant(shares.grants, now)
+        for fid in {self._fid_of[h.demand.function] for h in shares.short}:
+            self.unplaceable += 1  # once per function and tick, as _start counts one
+        for held in shares.short:
+            self.held_short[held.demand.function] = self.held_short.get(held.demand.function, 0) + 1
+            self.held_short_by_rank[RANKS[held.rank]] = self.held_short_by_rank.get(RANKS[held.rank], 0) + 1
+
+    def _grant(self, grants, now: float) -> None:
+        """Each grant placed now, its victims taken back first."""
+        for grant in grants:
             fid = self._fid_of[grant.demand.function]
             for victim in grant.victims:
                 loser = self._fid_of[victim.function]
@@ -1138,11 +1183,53 @@ class Simulation:
                 self.quiet[loser] = 0.0  # its policy is told at its next look
                 self.takebacks[RANKS[victim.rank]] = self.takebacks.get(RANKS[victim.rank], 0) + 1
             self._place(fid, grant.demand, now)
-        for fid in {self._fid_of[h.demand.function] for h in shares.short}:
-            self.unplaceable += 1  # once per function and tick, as _start counts one
-        for held in shares.short:
-            self.held_short[held.demand.function] = self.held_short.get(held.demand.function, 0) + 1
-            self.held_short_by_rank[RANKS[held.rank]] = self.held_short_by_rank.get(RANKS[held.rank], 0) + 1
+
+    def _time_share(self, demand: Demand, now: float) -> bool:
+        """A first replica placed beyond the compute of a device whose replicas are busy at most
+        time_share_busy of it (SliceCluster.place_shared, with each device's busy compute from
+        the last tick: _device_busy), as ReplicaScaler._time_share places it; its device's
+        replicas then share the compute (_stretch). Whether it was placed."""
+        placed = self.cluster.place_shared(demand, self.config.time_share_busy, busy=self._device_busy(now))
+        if isinstance(placed, Unplaceable):
+            return False
+        self._add_server(self._fid_of[demand.function], demand, placed, now)
+        self.time_shared += 1
+        if self._shared_on is None:
+            self._shared_on = np.ones(len(self._device_index))
+        return True
+
+    def _device_busy(self, now: float, scraped: bool = True) -> np.ndarray:
+        """Per device, its ready replicas' duty in the last tick times their slice, summed, as
+        ReplicaScaler._note_activity adds it up: e.g. two 1/8 replicas busy half the time,
+        2 x 0.5 x 1/8 = 0.125 of the device. `scraped`: as a scrape reads it (at most 1, none
+        for work no scrape saw); else the work the tick's requests brought, queued beyond it too."""
+        srv = self.servers
+        slots = np.flatnonzero(srv.alive & (srv.ready_at <= now))
+        f = srv.fid[slots]
+        ready = np.bincount(f, minlength=len(self.slots))
+        duty = self.tick_busy[f] / (ready[f] * self.config.tick_s)
+        if scraped:
+            duty = np.minimum(1.0, duty * self.tick_scraped[f])
+        return np.bincount(srv.device[slots], weights=duty * srv.slice[slots], minlength=len(self._device_index))
+
+    def _stretch(self, now: float) -> np.ndarray | None:
+        """Per device, how much slower its replicas run in this tick for sharing its compute:
+        where time-shared slices hold more than the device, the compute they asked of it in the
+        last tick (_device_busy, at their own speed) over the device's, when over 1 (a fluid
+        model: time slices interleave without cost; under 1 nobody waits), else 1. None while no
+        device is time-shared. E.g. 9 x 1/8 replicas on one device, all busy the whole tick:
+        9/8 = 1.125, each runs 12.5 % slower."""
+        srv = self.servers
+        alive = np.flatnonzero(srv.alive)
+        held = np.bincount(srv.device[alive], weights=srv.slice[alive], minlength=len(self._device_index))
+        shared = held > 1.0 + 1e-9
+        if not shared.any():
+            self._shared_on = None
+            return None
+        before = self._shared_on if self._shared_on is not None else np.ones(len(held))
+        asked = self._device_busy(now, scraped=False) / before  # at the replicas' own speed
+        self._shared_on = np.where(shared, np.maximum(1.0, asked), 1.0)
+        return self._shared_on
 
     def _traffic_and_need(self) -> tuple[np.ndarray, np.ndarray]:
         """Per function, the requests per second of the last tick with those held, and the replicas

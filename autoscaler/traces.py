@@ -416,6 +416,19 @@ def _scale_busy(shape: np.ndarray, total: float) -> np.ndarray | None:
         lifted = now
 
 
+def _zipf(rng, n, T, *, total_rate, zipf):
+    """Poisson streams whose rates split `total_rate` by Zipf popularity: function i (from 0)
+    gets a share (i + 1)^-zipf / sum_k k^-zipf, as `shoal loadtest longtail` splits its rate.
+    E.g. 3 functions, zipf 1, 11 req/s: 6, 3 and 2 req/s."""
+    total = 0.25 * n if total_rate is None else _number("total_rate", total_rate, lo=0.0)
+    zipf = _number("zipf", zipf, lo=0.0)
+    _check_size(total * T)
+    weights = np.arange(1, n + 1, dtype=np.float64) ** -zipf
+    rates = total * weights / weights.sum()
+    times, fids = _superposed(rng, [0.0, T], rates[None, :])
+    return times, fids, rates, {"total_rate": total, "zipf": zipf}
+
+
 def _azure(rng, n, T, *, total_rate, min_rate, swing, period_s, timer_share):
     min_rate = _number("min_rate", min_rate, lo=0.0, hi=HOURLY, lo_open=True)
     total = 0.25 * n if total_rate is None else _number("total_rate", total_rate, lo=0.0, lo_open=True)
@@ -622,6 +635,7 @@ _GENERATORS: dict[str, tuple[dict[str, Any], Callable[..., Any]]] = {
     "spike": ({"rate": DEFAULT_RATE, "spike_x": 10.0, "spike_s": 30.0, "spike_at_s": None}, _spike),
     "diurnal": ({"rate": DEFAULT_RATE, "swing": 2.0, "period_s": None, "phase": 0.0}, _diurnal),
     "mmpp": ({"rate": DEFAULT_RATE, "mmpp_x": 5.0, "low_s": 60.0, "high_s": 15.0}, _mmpp),
+    "zipf": ({"total_rate": None, "zipf": 1.1}, _zipf),
     "azure": ({"total_rate": None, "min_rate": 1e-6, "swing": 2.0, "period_s": 86400.0, "timer_share": 0.3}, _azure),
     "csv": ({"path": _REQUIRED, "compress": 1.0}, None),
 }

@@ -113,15 +113,11 @@ def make_schedule(scenario: str, *, functions: list[str] | tuple[str, ...], dura
             raise ValueError(f"zero-cycle needs 2 x burst_s ({burst}) + idle_s ({idle}) <= duration ({T})")
         parts = [_poisson(rate, burst, seed), _poisson(rate, burst, seed + 1) + burst + idle]
         params.update(burst_s=burst, idle_s=idle)
-    elif scenario == "longtail":
-        ranks = np.arange(1, len(functions) + 1, dtype=np.float64)
-        weights = ranks ** -zipf_s / np.sum(ranks ** -zipf_s)
-        streams = [_poisson(rate * w, T, seed + i) for i, w in enumerate(weights)]
-        times = np.concatenate(streams)
-        fids = np.concatenate([np.full(s.size, i, np.int32) for i, s in enumerate(streams)])
-        order = np.argsort(times, kind="stable")
+    elif scenario == "longtail":  # the simulator's zipf trace: a seed gives it the same arrivals
+        trace = make_trace("zipf", functions=len(functions), seconds=T, seed=seed, total_rate=rate, zipf=zipf_s)
+        weights = trace.rates / trace.rates.sum()
         params.update(zipf_s=zipf_s, weights=[round(float(w), 6) for w in weights])
-        return Schedule(scenario, functions, T, times[order], fids[order], params)
+        return Schedule(scenario, functions, T, trace.times, trace.fids.astype(np.int32), params)
     else:  # csv
         if not path:
             raise ValueError("scenario csv needs a path (--trace FILE)")

@@ -138,7 +138,8 @@ class SliceCluster:
         """Filter, score, choose and allocate: one compiled pass over all devices."""
         return self._place(demand, None)
 
-    def place_shared(self, demand: Demand, max_busy: float, max_over: float = 1.0) -> Placement | Unplaceable:
+    def place_shared(self, demand: Demand, max_busy: float, max_over: float = 1.0,
+                     busy: np.ndarray | None = None) -> Placement | Unplaceable:
         """Time-share: place `demand` beyond a device's compute, on a device whose observed duty
         (`set_device_busy`) is at most `max_busy`, whose memory fits it and whose compute held
         beyond its own stays within `max_over` of it (1.0: time-shared slices at most double a
@@ -148,14 +149,19 @@ class SliceCluster:
         compute with the others, as time-sliced GPU contexts do (MPS clients whose active-thread
         percentages add up to more than 100). E.g. emulated:0 full with 8 x 1/8 busy 6 % of the
         time, emulated:1 full and 1/8 over, busy 2 %, max_busy 0.5: a 1/8 goes to emulated:0
-        (nothing over yet), leaving it 1/8 over."""
+        (nothing over yet), leaving it 1/8 over. `busy`, when given: each device's duty (0..1, in
+        the order of `devices`) instead of the observed one (the simulator's, which places by
+        no observed duty otherwise)."""
         if (problem := invalid(demand)) is not None:
             return Unplaceable(demand.replica, (problem,), Status.ERROR)
         if demand.replica in self._replicas:
             return self._place(demand, None)  # says where it is
         units, mib = self._needs(demand)
         need = mib if isinstance(mib, np.ndarray) else np.full(len(self.devices), mib, np.int64)
-        busy = self._busy_pct if self._busy_pct.shape[0] else np.zeros(len(self.devices), np.int64)
+        if busy is not None:
+            busy = np.array([plugins.duty_pct(float(b)) for b in busy], np.int64)
+        else:
+            busy = self._busy_pct if self._busy_pct.shape[0] else np.zeros(len(self.devices), np.int64)
         over = np.maximum(0, -self._free_units.astype(np.int64))
         preference = self._kinds(demand.kinds)
         ok = ((preference > 0) & (need <= self._free_mib) & (units <= UNITS)

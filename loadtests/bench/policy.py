@@ -8,6 +8,8 @@ In one run, every policy on the same traces in the cluster simulator
 - Gamma renewal arrivals with CV 1, 2 and 4; a 10x spike; a diurnal swing
   (8 functions, 1,000 req/s each, 32 simulated GPUs);
 - the Azure-Functions-like population, 1,000 functions on 100 simulated GPUs;
+- a saturated cluster (40 functions on 15 GPUs); more functions than slices (60 small
+  functions at 1/8 on 4 GPUs, Zipf popularity: lending and time-sharing); the real trace;
 then the scale run (Shoal alone, one simulated hour of 10,000 functions on 1,000
 GPUs, its wall time: with policy.py compiled by mypyc at 1 s and 2 s ticks, and at
 1 s with policy.py interpreted, the reference, side by side: the same record, and the
@@ -29,9 +31,10 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from autoscaler.simulator import Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start
+from autoscaler.simulator import Profile, Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start
 from autoscaler.traces import make_trace
 from deploy.cli.simulate import load_profile, render
 
@@ -56,6 +59,10 @@ def saturated_gpus(trace, profiles, tick_s: float = 1.0, share: float = 0.85) ->
 SYNTHETIC = ("gamma-cv1", "gamma-cv2", "gamma-cv4", "spike", "diurnal")  # the calibration's shapes
 REAL_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
 REAL_PROFILE = Path(__file__).resolve().parents[2] / "functions" / "examples" / "emulated_code.yaml"
+# the functions of `loadtests.manyfunctions` (its Fleet): 20 ms a request, no batching, a 1 s model
+# load (+ 0.5 s to spawn: deploy.cli.simulate.SPAWN_S), SLO 500 ms, slice 1/8 declaring 1 GiB
+SMALL_PROFILE = Profile("emulated-small", ((1, 20.0),), 0.125, 0.125, cold_start_s=1.5, slo_ms=500.0,
+                        target_concurrency=4.0, memory_mib=1024)
 
 
 def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
@@ -78,6 +85,11 @@ def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
         # oracle's peak slice use (saturated_gpus) is 12.6 GPUs at 300 s, 13.1 at 600 s: 84-88 % of 15
         ("saturated", dict(kind="gamma", cv=4.0, functions=40, seconds=seconds if quick else 600.0, rate=50.0),
          SimConfig(gpus=SATURATED_GPUS, warmup_s=WARMUP_S)),
+        # more functions than slices (issue 18's many small functions): 60 at 1/8 on 4 GPUs (32
+        # slices), Zipf 1.1 popularity, 100 req/s in all; Shoal lends idle slices and time-shares
+        # a quiet device for a first replica (also shown with time-sharing off: shoal-no-share)
+        ("many-small", dict(kind="zipf", functions=60, seconds=seconds, total_rate=100.0, zipf=1.1,
+                            profile=SMALL_PROFILE), SimConfig(gpus=4, warmup_s=WARMUP_S)),
     ]
     if REAL_TRACE.exists():  # one real hour, as one function, as it came and compressed 4x and 10x
         for x in (1, 4, 10):
@@ -102,6 +114,11 @@ def verdicts(name: str, result: dict) -> list[str]:
         lines.append(f"  target on a saturated cluster: SLO within 1 point of the oracle's ({shoal['slo_attainment']:.4%} "
                      f"vs {p['oracle']['slo_attainment']:.4%}): {'met' if gap <= 0.01 else 'NOT met'}; "
                      f"{short} replica(s) held short, {sum(shoal.get('takebacks', {}).values())} taken back")
+    if name == "many-small":  # time-shared slices hold more than the devices: what they cost is the GPUs
+        gpu_s = {k: p[k]["whole_gpu_seconds"] for k in ("shoal", "kpa-tuned", "ray-tuned")}
+        lines.append(f"  whole GPU-seconds (time-shared slices count beyond the devices): shoal {gpu_s['shoal']:,.0f}, "
+                     f"kpa-tuned {gpu_s['kpa-tuned']:,.0f}, ray-tuned {gpu_s['ray-tuned']:,.0f}; "
+                     f"time-shared first replicas {shoal.get('time_shared', 0)} (after the warm-up)")
     if name.startswith("gamma-cv4"):
         ok = shoal["slo_attainment"] >= 0.999 and shoal["vs_oracle"] <= 1.2
         lines.append(f"  target at CV 4: SLO >= 99.9 % ({shoal['slo_attainment']:.4%}) and <= 1.2x the oracle "
@@ -156,8 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         options = dict(options)
         kind, profile = options.pop("kind"), options.pop("profile", None)
         trace = make_trace(kind, seed=args.seed, **options)
-        profiles = None if profile is None else [load_profile(Path(profile))] * len(trace.functions)
+        if profile is not None:
+            profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
+        profiles = None if profile is None else [profile] * len(trace.functions)
         result = simulate(trace, POLICIES, config, seed=args.seed, profiles=profiles)
+        if name == "many-small":  # what time-sharing adds: the same policy without it
+            off = simulate(trace, ["shoal"], replace(config, time_share_busy=0.0), seed=args.seed, profiles=profiles)
+            result["policies"]["shoal-no-share"] = off["policies"]["shoal"]
         out["traces"][name] = result
         print(f"\n== {name}")
         print(render(result))

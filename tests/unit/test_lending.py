@@ -477,6 +477,25 @@ def test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken(time_share
     assert backend.stopped == (["f1-2"] if took_f1 else []) and len(scaler.live("w")) == 1
 
 
+def test_a_replica_that_answered_in_its_last_window_is_not_lent():
+    # f1 answered 10 requests between its last two scrapes (99 -> 100 s; _note_activity made it
+    # active at 100) and has none in flight at the last: a busy function between two requests.
+    # The others have requests in flight. Without time-sharing w's first replica waits (held
+    # short) rather than take f1's, which would only move the cold start to f1: lent back and
+    # forth, 60 functions on 32 slices took 1,484 slices in 120 s (docs/benchmarks.md).
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    for r in scaler.replicas.values():
+        if r.function != "f1":
+            r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0, busy_s=0.1)
+        else:
+            r.stats = [ReplicaStat(r.id, 99.0, completed=90.0), ReplicaStat(r.id, 100.0, completed=100.0)]
+            r.active_at = 100.0
+    assert scaler._idle(100.0, {"w"}) == []
+    _apply_w(scaler, memory_mib=1024)
+    assert not scaler.live("w") and backend.stopped == [] and router.failed == []
+    assert [e[0] for e, _ in events if e[0] in ("takeback", "held_short")] == ["held_short"]
+
+
 def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it():
     # f0 (in flight, so not first) wants a second replica and w its first; nothing is idle, the
     # device is quiet: w time-shares, f0's further replica is held short (headroom), not placed

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from fractions import Fraction
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -626,6 +627,18 @@ def test_place_shared_needs_memory_and_a_quiet_device():
     assert isinstance(cluster.place_shared(Demand("x-1", "x", Fraction(1, 8), 70000, ("emulated",)), 0.5),
                       Unplaceable)  # 63488 MiB left
     assert isinstance(cluster.place_shared(Demand("g-1", "g", Fraction(1, 8), 10, ("gpu",)), 0.5), Unplaceable)
+
+
+def test_place_shared_takes_each_devices_busy_when_given():
+    """The simulator's busy compute per device (in the order of `devices`) stands in for the
+    observed duty: emulated:0 observed quiet but given 0.8, emulated:1 observed busy but given
+    0.1: the second, and the observed duty is left as it was."""
+    cluster = _full_emulated(2)
+    cluster.set_device_busy("emulated:1", 0.9)
+    placed = cluster.place_shared(_eighth("w-1"), 0.5, busy=np.array([0.8, 0.1]))
+    assert placed.device.id == "emulated:1"
+    assert isinstance(cluster.place_shared(_eighth("v-1"), 0.5, busy=np.array([0.8, 0.6])), Unplaceable)
+    assert cluster.place_shared(_eighth("v-1"), 0.5).device.id == "emulated:0"  # observed: 0 and 0.9
 
 
 def test_place_shared_stays_within_max_over_and_prefers_the_demands_kind():

@@ -906,3 +906,78 @@ def test_a_saturated_cluster_is_shared_near_the_oracle():
     alone.lends = False
     off = Simulation(trace, profiles, alone, config, warm_start(trace, profiles, oracle_counts(trace, profiles, 1.0))).run()
     assert off["slo_attainment"] < shoal["slo_attainment"] - 0.1 and off["takebacks"] == {}
+
+
+# ---------------------------------------------------------------------- time-sharing
+
+HALF = Profile("half", ((1, 10.0),), 0.5, 0.5, cold_start_s=2.0, slo_ms=1000.0, memory_mib=1024)
+
+
+def keeping(*kept: str) -> S._Reactive:
+    """`kept` keep one replica whatever comes; the others want one once a request comes."""
+    def step(snapshot, spec, state, now):
+        wanted = snapshot.function in kept or snapshot.activator_queue > 0 or snapshot.ready + snapshot.starting > 0
+        return ScaleDecision(int(wanted), "KEEP"), state
+
+    policy = S._Reactive("keeper", step, lambda: None)
+    policy.lends = True
+    return policy
+
+
+def _two_busy_halves_and_a_newcomer(every_s: float, share_busy: float):
+    """One GPU held by f0's and f1's half slices, each answering a request every `every_s`
+    (10 ms each) to the end; f2's first request at 10.5 s, its second at 10.6 s."""
+    busy = np.arange(0.05, 30.0, every_s)
+    times = np.concatenate([busy, busy, [10.5, 10.6]])
+    fids = np.concatenate([np.zeros(len(busy), int), np.ones(len(busy), int), [2, 2]])
+    order = np.argsort(times, kind="stable")
+    sim = Recording(trace_of(times[order], fids[order], duration=30.0, functions=3), [HALF] * 3,
+                    keeping("f0", "f1"), SimConfig(gpus=1, time_share_busy=share_busy), initial={0: 1, 1: 1})
+    return sim, sim.run()
+
+
+def test_a_first_replica_time_shares_a_quiet_device():
+    """f0 and f1 each busy 2 x 10 ms a second on half the GPU: 0.02 x 0.5 x 2 = 0.02 of it,
+    under 0.5, so f2's first replica, with no slice free and no replica idle (both had requests
+    in the tick), time-shares the GPU at its request: ready at 12.5 s, its requests answered in
+    2.01 and 1.92 s (the second behind the first; 1.5 GPUs of slices at 0.02 busy run nobody
+    slower). Off (0): it is held short at its request and at every tick's end to 30 s, 21 times,
+    and its two requests wait out the run."""
+    sim, record = _two_busy_halves_and_a_newcomer(0.5, 0.5)
+    assert record["time_shared"] == 1 and record["held_short"] == {} and record["takebacks"] == {}
+    (slot,) = sim.slots[2]
+    assert sim.servers.ready_at[slot] == pytest.approx(12.5)
+    assert sim.cluster.over_units("sim:0") > 0 and record["timed_out"] == 0
+    late = sorted(lat for lat in sim.latencies if lat > 1.0)
+    assert ms(late) == pytest.approx([1920.0, 2010.0])  # the second behind the first
+    sim, record = _two_busy_halves_and_a_newcomer(0.5, 0.0)
+    assert record["time_shared"] == 0 and record["held_short"] == {"f2": 21} and record["timed_out"] == 2
+
+
+def test_a_busy_device_is_not_time_shared():
+    """f0 and f1 each answer a request every 10 ms (10 ms each): busy the whole tick, 1.0 of the
+    GPU, over 0.5: f2 is held short 21 times, as without time-sharing."""
+    sim, record = _two_busy_halves_and_a_newcomer(0.01, 0.5)
+    assert record["time_shared"] == 0 and record["held_short"] == {"f2": 21}
+
+
+def test_time_shared_replicas_run_slower_only_when_their_work_exceeds_the_device():
+    """Three half slices on one GPU (1.5 of it). Each busy a whole tick at its own speed asks
+    1.5 of the GPU: every replica 1.5x slower, and stays so (busy 1.5 s a tick then, 1.5 / 1.5
+    at its own speed). Busy 0.2 s each: 0.3 of the GPU, nobody slower."""
+    sim = Simulation(trace_of([], duration=1.0, functions=3), [HALF] * 3, keeping(), SimConfig(gpus=1))
+    for fid in (0, 1):
+        sim._place(fid, sim._demand(fid), 0.0)
+    assert sim._stretch(10.0) is None  # nothing time-shared
+    assert sim._time_share(sim._demand(2), 0.0)
+    slots = np.flatnonzero(sim.servers.alive)
+    n_f = np.ones(3)
+    alone, _ = sim._service_times(n_f, slots, 10.0, 1.0)
+    sim.tick_busy[:] = 1.0
+    assert sim._stretch(10.0).tolist() == [1.5]
+    shared, _ = sim._service_times(n_f, slots, 10.0, 1.0, sim._shared_on)
+    assert shared == pytest.approx(alone * 1.5)
+    sim.tick_busy[:] = 1.5
+    assert sim._stretch(10.0).tolist() == [1.5]
+    sim.tick_busy[:] = 0.2
+    assert sim._stretch(10.0).tolist() == [1.0]

@@ -244,7 +244,18 @@ SMALL = {
     "diurnal": dict(functions=3, seconds=20, rate=20),
     "mmpp": dict(functions=3, seconds=20, rate=20, low_s=2, high_s=1),
     "azure": dict(functions=50, seconds=600),
+    "zipf": dict(functions=4, seconds=20, total_rate=40, zipf=1.1),
 }
+
+
+def test_zipf_splits_the_total_rate_by_popularity():
+    # zipf 1: weights 1, 1/2, 1/3, 1/4 over 25/12 -> 0.48, 0.24, 0.16, 0.12 of 50/s
+    trace = make_trace("zipf", functions=4, seconds=400, seed=3, total_rate=50, zipf=1.0)
+    assert trace.rates == pytest.approx([24.0, 12.0, 8.0, 6.0])
+    counts = np.bincount(trace.fids, minlength=4)
+    for count, rate in zip(counts, [24.0, 12.0, 8.0, 6.0]):
+        assert abs(count - rate * 400) < 4 * math.sqrt(rate * 400)  # Poisson: within 4 sd
+    assert np.all(np.diff(trace.times) >= 0)
 
 
 def test_every_generator_is_covered():
@@ -396,7 +407,7 @@ def test_csv_missing_file(tmp_path):
 
 OPTION_ERRORS = [
     # id, kind, kwargs, message fragment (naming the value and what is allowed)
-    ("unknown-kind", "nope", {}, r"unknown trace kind 'nope'; allowed: poisson, gamma, step, spike, diurnal, mmpp, azure, csv"),
+    ("unknown-kind", "nope", {}, r"unknown trace kind 'nope'; allowed: poisson, gamma, step, spike, diurnal, mmpp, zipf, azure, csv"),
     ("unknown-option", "poisson", dict(cv=2), r"unknown option 'cv' for kind 'poisson'; allowed: rate"),
     ("negative-rate", "poisson", dict(rate=-1), r"rate=-1: must be a finite number >= 0"),
     ("rate-not-number", "step", dict(rate="fast"), r"rate='fast': must be a number"),
@@ -411,6 +422,7 @@ OPTION_ERRORS = [
     ("seconds-zero", "poisson", dict(seconds=0), r"seconds=0: .*> 0"),
     ("seed-negative", "poisson", dict(seed=-1), r"seed=-1"),
     ("timer-share", "azure", dict(timer_share=2), r"timer_share=2: .*<= 1"),
+    ("zipf-negative", "zipf", dict(zipf=-1), r"zipf=-1: must be a finite number >= 0"),
     # 100 functions need more than 19 busy * 1/60 = 0.32/s, plus the 36 medium ones at a
     # log-uniform mean of (1/60 - 1/3600) / ln 60 = 0.004/s each, 0.15/s: about 0.47/s
     ("azure-total-too-small", "azure", dict(functions=100, total_rate=0.1), r"total_rate=0.1: too small .* > 0\.4"),
