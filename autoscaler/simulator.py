@@ -1401,6 +1401,41 @@ def static_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
     return Scheduled("static", {0: [(fid, max(per_tick.values())) for fid, per_tick in counts.items()]})
 
 
+class HeldMax(Scheduled):
+    """held_max_policy's schedule; its starts take the profile's cold start."""
+
+    def cold_start_s(self, profile: Profile) -> float:
+        return profile.cold_start_s
+
+
+def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] | None = None) -> Scheduled:
+    """A yardstick for what reacting can do, not a policy to run: each function holds the most
+    replicas any past second needed (the oracle's count of a second, known at its end, so one
+    tick late), from `initial` on, never fewer, each start a cold start. It knows each past
+    second's exact need, as no controller does; what it misses, only foresight (or holding more
+    than the trace ever needed before) could serve. E.g. counts 1, 3, 2, 5 at ticks 0..3 from
+    1: 3 from tick 2, 5 from tick 4."""
+    changes: dict[int, list[tuple[int, int]]] = {}
+    for fid, per_tick in counts.items():
+        held = (initial or {}).get(fid, 0)
+        for tick in sorted(per_tick):
+            if per_tick[tick] > held:
+                held = per_tick[tick]
+                changes.setdefault(tick + 1, []).append((fid, held))
+    return HeldMax("held-max", changes)
+
+
+def forced_cold(trace: Trace, profiles: list[Profile], initial: dict[int, int], warmup_s: float = 0.0) -> int:
+    """Requests at or after `warmup_s` that find their function cold under any policy without
+    foresight: each function's first request, when `initial` starts it with no replica and its
+    cold start is longer than its SLO (no look can start a replica before a request it has not
+    seen). Pre-warming a function never seen is the only way round, which is foresight or
+    holding every function."""
+    fids, index = np.unique(trace.fids, return_index=True)  # times are sorted: the first of each
+    return sum(1 for fid, t in zip(fids.tolist(), trace.times[index].tolist()) if t >= warmup_s
+               and not initial.get(fid) and profiles[fid].cold_start_s > profiles[fid].slo_ms / 1000.0)
+
+
 # ---------------------------------------------------------------------- runs
 
 

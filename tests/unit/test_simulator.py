@@ -981,3 +981,39 @@ def test_time_shared_replicas_run_slower_only_when_their_work_exceeds_the_device
     assert sim._stretch(10.0).tolist() == [1.5]
     sim.tick_busy[:] = 0.2
     assert sim._stretch(10.0).tolist() == [1.0]
+
+
+# ---------------------------------------------------------------------- what reacting can do
+
+def test_held_max_holds_every_past_need_one_tick_late():
+    # counts 1, 3, 2, 5 at ticks 0..3, from 1 warm replica: 3 from tick 2, 5 from tick 4, never down
+    policy = S.held_max_policy({0: {0: 1, 1: 3, 2: 2, 3: 5}}, {0: 1})
+    assert policy.changes == {2: [(0, 3)], 4: [(0, 5)]}
+    assert policy.cold_start_s(PROFILES[0]) == PROFILES[0].cold_start_s  # its starts are cold
+
+
+def test_held_max_misses_a_need_larger_than_any_before():
+    """One replica of 100 ms serves 10 requests in a second; 40 at once at 5 s need 4 replicas
+    (1 s SLO): held-max has 1 then (starting 3 more at 6 s, ready at 8 s), so the burst's tail
+    misses; the same burst again at 20 s finds 4 ready and all meet the SLO."""
+    burst = lambda at: np.full(40, at)  # noqa: E731
+    times = np.concatenate([np.arange(0.5, 5.0, 1.0), burst(5.0), burst(20.0)])
+    profile = Profile("p", ((1, 100.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0)
+    trace = trace_of(times, duration=30.0)
+    counts = oracle_counts(trace, [profile], 1.0)
+    assert counts[0][5] == 4 and counts[0][20] == 4
+    sim = Recording(trace, [profile], S.held_max_policy(counts, {0: 1}), SimConfig(gpus=1), {0: 1})
+    record = sim.run()
+    first, again = sim.latencies[5:45], sim.latencies[45:]
+    assert max(again) <= 1.0 and sum(1 for x in again if x > 1.0) == 0
+    assert sum(1 for x in first if x > 1.0) == 30  # 1 replica: 10 answered within 1 s, the other 30 late
+    assert record["replica_starts"] == 3
+
+
+def test_forced_cold_counts_first_requests_of_functions_started_cold():
+    """f0 warm; f1's first request at 2 s (cold start 2 s > SLO 1 s): forced; f2's first at 0.5 s,
+    before the 1 s warm-up: not counted; f3's profile starts within its SLO: not forced."""
+    slow = Profile("slow", ((1, 10.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0)
+    quick = Profile("quick", ((1, 10.0),), 0.25, 0.25, cold_start_s=0.5, slo_ms=1000.0)
+    trace = trace_of([0.1, 0.5, 2.0, 2.5, 3.0], [0, 2, 1, 1, 3], duration=4.0, functions=4)
+    assert S.forced_cold(trace, [slow, slow, slow, quick], {0: 1}, warmup_s=1.0) == 1
