@@ -477,7 +477,7 @@ def test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken(time_share
     assert backend.stopped == (["f1-2"] if took_f1 else []) and len(scaler.live("w")) == 1
 
 
-def test_a_replica_that_answered_in_its_last_window_is_not_lent():
+def test_a_replica_that_answered_in_its_last_window_or_was_scraped_once_is_not_lent():
     # f1 answered 10 requests between its last two scrapes (99 -> 100 s; _note_activity made it
     # active at 100) and has none in flight at the last: a busy function between two requests.
     # The others have requests in flight. Without time-sharing w's first replica waits (held
@@ -490,6 +490,11 @@ def test_a_replica_that_answered_in_its_last_window_is_not_lent():
         else:
             r.stats = [ReplicaStat(r.id, 99.0, completed=90.0), ReplicaStat(r.id, 100.0, completed=100.0)]
             r.active_at = 100.0
+    assert scaler._idle(100.0, {"w"}) == []
+    # nor is one scraped once since it became ready (it may have just answered the requests held
+    # through its cold start): f1 with only its last scrape, nothing in flight, active at ready
+    (f1,) = scaler.live("f1")
+    f1.stats, f1.active_at = [ReplicaStat(f1.id, 100.0, completed=12.0)], 99.5
     assert scaler._idle(100.0, {"w"}) == []
     _apply_w(scaler, memory_mib=1024)
     assert not scaler.live("w") and backend.stopped == [] and router.failed == []
