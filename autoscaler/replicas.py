@@ -336,13 +336,14 @@ class ReplicaScaler:
                                             self.config.rate_window_s)
 
     def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
-        """Ready replicas of functions not in `excluded`, scraped twice since ready, that answered
-        nothing between their last two scrapes and had nothing in flight, queued or held at the
-        last (a replica between two requests of a busy function, or one that has just answered
-        the requests held through its cold start, is not idle: taking it would only move the cold
-        start to its function). A request that reaches one after that is answered before it
-        stops (the drain waits for it). The rate is the function's (`rates`); the keep-alive the policy's last
-        (Target.keep_alive_s), else the spec's idle_to_zero_s."""
+        """Ready replicas of functions not in `excluded`, scraped twice since ready, with nothing
+        in flight, queued or held at the last scrape; a function's only replica also answered
+        nothing between the two. One just ready (it may have just answered the requests held
+        through its cold start), or the only one of a function between two of its requests, is
+        not idle: taking it would only move the cold start to its own function. A request that
+        reaches an idle one after the scrape is answered before it stops (the drain waits). The
+        rate is the function's (`rates`); the keep-alive the policy's last (Target.keep_alive_s),
+        else the spec's idle_to_zero_s."""
         live: dict[str, int] = {}
         for r in self.replicas.values():
             if r.state in ("starting", "ready"):
@@ -352,7 +353,7 @@ class ReplicaScaler:
             if (r.state != "ready" or r.function in excluded or len(r.stats) < 2 or r.spec is None
                     or live[r.function] <= r.spec.scaling.min_replicas  # its floor is not lent
                     or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0 or self.router.held(r.function) > 0
-                    or r.active_at >= r.stats[-1].at):  # answered in the last window (_note_activity)
+                    or (live[r.function] == 1 and r.active_at >= r.stats[-1].at)):  # answered since (_note_activity)
                 continue
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)

@@ -31,16 +31,18 @@ from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
 )
 from autoscaler.loop import Memory, policy_table
-from autoscaler.replicas import ControllerConfig
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Device, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision
+from autoscaler.replicas import ControllerConfig
 from autoscaler.traces import Trace
 from functions.spec import ScalingSpec
 
-RATE_WINDOW_S = 120.0  # a function's request rate, for the cost of taking its idle slice (ControllerConfig's)
-TIME_SHARE_BUSY = ControllerConfig().time_share_busy  # the live controller's default
+# the live controller's defaults: a function's request rate (for the cost of taking its idle slice)
+# is over this window; a first replica time-shares a device busy at most this much
+RATE_WINDOW_S = ControllerConfig().rate_window_s
+TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
@@ -68,6 +70,8 @@ class Profile:
             raise ValueError(f"profile {self.name}: latency_ms must start at batch size 1, got {self.latency_ms}")
         if not 0 < self.slice_fraction <= 1:
             raise ValueError(f"profile {self.name}: slice_fraction ({self.slice_fraction}) must be within (0, 1]")
+        if self.memory_mib is not None and self.memory_mib < 1:
+            raise ValueError(f"profile {self.name}: memory_mib ({self.memory_mib}) must be >= 1 MiB")
 
     @property
     def max_batch(self) -> int:
@@ -496,6 +500,7 @@ class Simulation:
         self._active_at = np.full(n, -np.inf)
         self.takebacks: dict[str, int] = {}  # replicas taken for another's, by what they served (lending.RANKS)
         self.time_shared = 0  # first replicas placed beyond a device's compute (_time_share)
+        self.time_shared_all = 0  # the same, the warm-up included
         self._shared_on: np.ndarray | None = None  # per device, its replicas' stretch while one is time-shared
         self.held_short: dict[str, int] = {}  # per function, replicas wanted that the full cluster could not hold
         self.held_short_by_rank: dict[str, int] = {}
@@ -582,7 +587,7 @@ class Simulation:
             "takebacks": dict(sorted(self.takebacks.items())),
             "held_short": dict(sorted(self.held_short.items(), key=lambda kv: (-kv[1], kv[0]))),
             "held_short_by_rank": dict(sorted(self.held_short_by_rank.items())),
-            "time_shared": self.time_shared,
+            "time_shared": self.time_shared, "time_shared_with_warmup": self.time_shared_all,
             "wall_s": round(wall_s, 3),
         }
 
@@ -1194,6 +1199,7 @@ class Simulation:
             return False
         self._add_server(self._fid_of[demand.function], demand, placed, now)
         self.time_shared += 1
+        self.time_shared_all += 1
         if self._shared_on is None:
             self._shared_on = np.ones(len(self._device_index))
         return True
@@ -1408,19 +1414,21 @@ class HeldMax(Scheduled):
         return profile.cold_start_s
 
 
-def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] | None = None) -> Scheduled:
-    """A yardstick for what reacting can do, not a policy to run: each function holds the most
-    replicas any past second needed (the oracle's count of a second, known at its end, so one
-    tick late), from `initial` on, never fewer, each start a cold start. It knows each past
-    second's exact need, as no controller does; what it misses, only foresight (or holding more
-    than the trace ever needed before) could serve. E.g. counts 1, 3, 2, 5 at ticks 0..3 from
-    1: 3 from tick 2, 5 from tick 4."""
+def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] | None = None,
+                    factor: float = 1.0) -> Scheduled:
+    """A yardstick for what reacting can do, not a policy to run: each function holds `factor`
+    times the most replicas any past second needed (the oracle's count of a second, known at its
+    end, so one tick late; rounded up), from `initial` on, never fewer, each start a cold start.
+    It knows each past second's exact need, as no controller does; at factor 1 what it misses
+    comes with a need larger than any before. E.g. counts 1, 3, 2, 5 at ticks 0..3 from 1: 3 from
+    tick 2, 5 from tick 4; at factor 1.5: 2 from tick 1, 5 from tick 2, 8 from tick 4."""
     changes: dict[int, list[tuple[int, int]]] = {}
     for fid, per_tick in counts.items():
         held = (initial or {}).get(fid, 0)
         for tick in sorted(per_tick):
-            if per_tick[tick] > held:
-                held = per_tick[tick]
+            wanted = math.ceil(per_tick[tick] * factor - 1e-9)
+            if wanted > held:
+                held = wanted
                 changes.setdefault(tick + 1, []).append((fid, held))
     return HeldMax("held-max", changes)
 
@@ -1429,7 +1437,7 @@ def forced_cold(trace: Trace, profiles: list[Profile], initial: dict[int, int], 
     """Requests at or after `warmup_s` that find their function cold under any policy without
     foresight: each function's first request, when `initial` starts it with no replica and its
     cold start is longer than its SLO (no look can start a replica before a request it has not
-    seen). Pre-warming a function never seen is the only way round, which is foresight or
+    seen). Only keeping a function warm before its first request avoids it: foresight, or
     holding every function."""
     fids, index = np.unique(trace.fids, return_index=True)  # times are sorted: the first of each
     return sum(1 for fid, t in zip(fids.tolist(), trace.times[index].tolist()) if t >= warmup_s

@@ -2,12 +2,15 @@
 arrivals (the load test's `longtail` schedule is the simulator's `zipf` trace, so one seed gives
 the same requests), the same fleet (an emulated model of 20 ms a request, a 1 s load, SLO 500 ms,
 slice 1/8 declaring 1 GiB), the same number of devices, every function at zero when the load
-starts, the controller's 1 s tick and the gateway's 30 s hold, no warm-up; with a live run's
-folder, its outcome beside, and the cold start the simulator takes is that run's median (create
-to ready). Every device here is emulated or simulated: no figure is a GPU measurement.
+starts, the controller's 1 s tick and the gateway's 30 s hold, no warm-up. With a live run's
+folder its outcome is shown beside: the functions, rate, duration, seed and Zipf exponent are
+that run's (its summary.json), the cold start its median (create to ready), and a run of other
+slices or other requests is refused. Every device here is emulated or simulated: no figure is a
+GPU measurement.
 
     python -m loadtests.bench.manysim --functions 60 --devices 4 --rate 100 --duration 120 \\
-        [--seed 0] [--time-share-busy 0] [--live DIR]
+        [--seed 0] [--time-share-busy 0]
+    python -m loadtests.bench.manysim --devices 4 --live DIR [--time-share-busy 0]
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any
 
 from autoscaler.simulator import Profile, ShoalPolicy, SimConfig, Simulation
 from autoscaler.traces import make_trace
+from deploy.cli.simulate import SPAWN_S
 
 HOLD_TIMEOUT_S = 30.0  # shoal up's: how long the gateway holds a request for a cold start
-SPAWN_S = 0.5  # a replica's process start before its model loads (deploy.cli.simulate.SPAWN_S)
+SLICE = "1/8:1024"  # the fleet's slice, as manyfunctions --slice gives it
 
 
 def fleet_profile(cold_start_s: float, latency_ms: float = 20.0, slo_ms: float = 500.0) -> Profile:
@@ -48,11 +52,17 @@ def simulate(functions: int, devices: int, rate: float, duration_s: float, *, se
 
 
 def live_outcome(folder: Path) -> dict[str, Any]:
-    """A manyfunctions run's many.json, with the median create-to-ready of its replica starts."""
+    """A manyfunctions run's many.json, with the median create-to-ready of its replica starts
+    and what the run was (`run`: functions, rate, duration, seed, zipf, slices)."""
     outcome = json.loads((folder / "many.json").read_text())
     summary = json.loads((folder / "summary.json").read_text())
-    ready = [s["ready_s"] for s in summary["cold_starts"].get("replica_starts", []) if s.get("ready_s") is not None]
+    starts = (summary.get("cold_starts") or {}).get("replica_starts", [])
+    ready = [s["ready_s"] for s in starts if s.get("ready_s") is not None]
     outcome["cold_start_s"] = statistics.median(ready) if ready else None
+    params = summary.get("params", {})
+    outcome["run"] = {"functions": len(summary["functions"]), "rate": params.get("rate"),
+                      "duration_s": summary.get("duration_s"), "seed": params.get("seed", 0),
+                      "zipf": params.get("zipf_s", 1.1), "slices": sorted(set((params.get("slices") or {}).values()))}
     return outcome
 
 
@@ -83,9 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     live = live_outcome(args.live) if args.live else None
+    if live:
+        run = live["run"]
+        if run["slices"] != [SLICE]:
+            print(f"manysim: the run's slices are {run['slices']}; this comparison models {SLICE} "
+                  f"(manyfunctions --slice {SLICE})", file=sys.stderr)
+            return 2
+        args.functions, args.rate, args.duration = run["functions"], run["rate"], run["duration_s"]
+        args.seed, args.zipf = run["seed"], run["zipf"]
     cold = live["cold_start_s"] if live and live.get("cold_start_s") else 1.0 + SPAWN_S
     sim = simulate(args.functions, args.devices, args.rate, args.duration, seed=args.seed, zipf=args.zipf,
                    cold_start_s=cold, time_share_busy=args.time_share_busy)
+    if live and live.get("requests") != sim["requests"]:
+        print(f"manysim: the run sent {live.get('requests')} requests, its schedule here gives {sim['requests']}: "
+              "not the same requests (a run of the former longtail arrivals?)", file=sys.stderr)
+        return 2
     print(f"{args.functions} functions at slice 1/8 on {args.devices} devices, Zipf {args.zipf:g}, {args.rate:g} "
           f"requests/s for {args.duration:g} s, seed {args.seed} (simulated; live: emulated devices)")
     print(render(sim, live))

@@ -501,6 +501,24 @@ def test_a_replica_that_answered_in_its_last_window_or_was_scraped_once_is_not_l
     assert [e[0] for e, _ in events if e[0] in ("takeback", "held_short")] == ["held_short"]
 
 
+def test_a_busy_functions_further_replica_between_requests_is_lent():
+    # f1 runs two replicas (f7's slot made f1's), both answered in the last window, neither has a
+    # request in flight: one of them may go (its loss starts nothing cold); w takes one
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    for r in scaler.replicas.values():
+        if r.function == "f7":
+            r.function, r.spec = "f1", _spec("f1", 1024)
+        if r.function != "f1":
+            r.stats[-1] = ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0, busy_s=0.1)
+        else:
+            r.stats = [ReplicaStat(r.id, 99.0, completed=90.0), ReplicaStat(r.id, 100.0, completed=100.0)]
+            r.active_at = 100.0
+    assert sorted(i.function for i in scaler._idle(100.0, {"w"})) == ["f1", "f1"]
+    _apply_w(scaler, memory_mib=1024)
+    assert len(scaler.live("w")) == 1 and len(scaler.live("f1")) == 1
+    assert [e[0] for e, _ in events if e[0] in ("takeback", "held_short")] == ["takeback"]
+
+
 def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it():
     # f0 (in flight, so not first) wants a second replica and w its first; nothing is idle, the
     # device is quiet: w time-shares, f0's further replica is held short (headroom), not placed
