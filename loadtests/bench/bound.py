@@ -26,9 +26,7 @@ from pathlib import Path
 from autoscaler.simulator import (
     Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
 )
-from autoscaler.traces import make_trace
-from deploy.cli.simulate import load_profile
-from loadtests.bench.policy import scenarios
+from loadtests.bench.policy import traces
 
 FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 TARGET = 0.999
@@ -92,16 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     out = {}
-    for name, options, config in scenarios(False):
-        if args.traces and name not in args.traces.split(","):
-            continue
-        options = dict(options)
-        kind, profile = options.pop("kind"), options.pop("profile", None)
-        trace = make_trace(kind, seed=args.seed, **options)
-        if profile is not None:
-            profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
-        profiles = [profile] * len(trace.functions) if profile is not None else assign_profiles(trace, args.seed)
-        out[name] = bound(trace, profiles, config)
+    for name, trace, profiles, config in traces(False, args.seed, args.traces):
+        out[name] = bound(trace, profiles or assign_profiles(trace, args.seed), config)
         print(describe(name, args.seed, out[name]), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "traces": out, "simulated": True}, indent=1))

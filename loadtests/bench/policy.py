@@ -98,6 +98,20 @@ def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
     return out
 
 
+def traces(quick: bool, seed: int, names: str | None = None):
+    """(name, trace, profiles, cluster) of each scenario (only `names`, comma-separated, when
+    given); profiles None for the built-in mix (assign_profiles by the seed)."""
+    for name, options, config in scenarios(quick):
+        if names and name not in names.split(","):
+            continue
+        options = dict(options)
+        kind, profile = options.pop("kind"), options.pop("profile", None)
+        trace = make_trace(kind, seed=seed, **options)
+        if profile is not None:
+            profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
+        yield name, trace, None if profile is None else [profile] * len(trace.functions), config
+
+
 def verdicts(name: str, result: dict) -> list[str]:
     p = result["policies"]
     shoal = p["shoal"]
@@ -168,15 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-scale", action="store_true", help="the traces only: no scale run, no placement")
     args = parser.parse_args(argv)
     out: dict = {"traces": {}, "simulated": True}
-    for name, options, config in scenarios(args.quick):
-        if args.traces and name not in args.traces.split(","):
-            continue
-        options = dict(options)
-        kind, profile = options.pop("kind"), options.pop("profile", None)
-        trace = make_trace(kind, seed=args.seed, **options)
-        if profile is not None:
-            profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
-        profiles = None if profile is None else [profile] * len(trace.functions)
+    for name, trace, profiles, config in traces(args.quick, args.seed, args.traces):
         result = simulate(trace, POLICIES, config, seed=args.seed, profiles=profiles)
         if name == "many-small":  # what time-sharing adds: the same policy without it
             off = simulate(trace, ["shoal"], replace(config, time_share_busy=0.0), seed=args.seed, profiles=profiles)
