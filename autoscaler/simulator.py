@@ -1167,8 +1167,13 @@ class Simulation:
             if firsts:
                 shares = share(self.cluster, list(firsts.values()), [h for h in holds if h.rank == IDLE])
                 self._grant(shares.grants, now)
-                left = {held.demand.replica for held in shares.short
-                        if not (firsts[held.demand.replica].waiting > 0 and self._time_share(held.demand, now))}
+                waiting = [h.demand for h in shares.short if firsts[h.demand.replica].waiting > 0]
+                if waiting:  # each device's busy compute in the last tick, once: placing changes it not
+                    busy = self._device_busy(now)
+                    shared = {d.replica for d in waiting if self._time_share(d, now, busy)}
+                else:
+                    shared = set()
+                left = {h.demand.replica for h in shares.short} - shared
                 asks = [a for a in asks if a.demand.replica not in firsts or a.demand.replica in left]
         shares = share(self.cluster, asks, holds)
         self._grant(shares.grants, now)
@@ -1189,12 +1194,12 @@ class Simulation:
                 self.takebacks[RANKS[victim.rank]] = self.takebacks.get(RANKS[victim.rank], 0) + 1
             self._place(fid, grant.demand, now)
 
-    def _time_share(self, demand: Demand, now: float) -> bool:
+    def _time_share(self, demand: Demand, now: float, busy: np.ndarray) -> bool:
         """A first replica placed beyond the compute of a device whose replicas are busy at most
-        time_share_busy of it (SliceCluster.place_shared, with each device's busy compute from
-        the last tick: _device_busy), as ReplicaScaler._time_share places it; its device's
+        time_share_busy of it (SliceCluster.place_shared, with `busy`, each device's busy compute
+        from the last tick: _device_busy), as ReplicaScaler._time_share places it; its device's
         replicas then share the compute (_stretch). Whether it was placed."""
-        placed = self.cluster.place_shared(demand, self.config.time_share_busy, busy=self._device_busy(now))
+        placed = self.cluster.place_shared(demand, self.config.time_share_busy, busy=busy)
         if isinstance(placed, Unplaceable):
             return False
         self._add_server(self._fid_of[demand.function], demand, placed, now)
@@ -1410,6 +1415,8 @@ def static_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
 class HeldMax(Scheduled):
     """held_max_policy's schedule; its starts take the profile's cold start."""
 
+    final: dict[int, int]  # replicas each function holds at the end of the schedule
+
     def cold_start_s(self, profile: Profile) -> float:
         return profile.cold_start_s
 
@@ -1423,6 +1430,7 @@ def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] |
     comes with a need larger than any before. E.g. counts 1, 3, 2, 5 at ticks 0..3 from 1: 3 from
     tick 2, 5 from tick 4; at factor 1.5: 2 from tick 1, 5 from tick 2, 8 from tick 4."""
     changes: dict[int, list[tuple[int, int]]] = {}
+    final: dict[int, int] = {}
     for fid, per_tick in counts.items():
         held = (initial or {}).get(fid, 0)
         for tick in sorted(per_tick):
@@ -1430,15 +1438,18 @@ def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] |
             if wanted > held:
                 held = wanted
                 changes.setdefault(tick + 1, []).append((fid, held))
-    return HeldMax("held-max", changes)
+        final[fid] = held
+    policy = HeldMax("held-max", changes)
+    policy.final = final  # what each function holds at the end
+    return policy
 
 
 def forced_cold(trace: Trace, profiles: list[Profile], initial: dict[int, int], warmup_s: float = 0.0) -> int:
-    """Requests at or after `warmup_s` that find their function cold under any policy without
-    foresight: each function's first request, when `initial` starts it with no replica and its
-    cold start is longer than its SLO (no look can start a replica before a request it has not
-    seen). Only keeping a function warm before its first request avoids it: foresight, or
-    holding every function."""
+    """Requests at or after `warmup_s` that find their function cold under any policy that keeps
+    no function warm before its first request: each function's first request, when `initial`
+    starts it with no replica and its cold start is longer than its SLO (no look can start a
+    replica before a request it has not seen). Only foresight, or holding every function warm
+    from the start, avoids them."""
     fids, index = np.unique(trace.fids, return_index=True)  # times are sorted: the first of each
     return sum(1 for fid, t in zip(fids.tolist(), trace.times[index].tolist()) if t >= warmup_s
                and not initial.get(fid) and profiles[fid].cold_start_s > profiles[fid].slo_ms / 1000.0)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -35,10 +34,10 @@ TARGET = 0.999
 def held_max(trace, profiles: list[Profile], config, counts, initial, factor: float = 1.0) -> dict:
     """One run of held_max_policy; it fits when every function holds at the end what it asked
     for (it never scales down and does not ask again for a replica it could not place)."""
-    sim = Simulation(trace, profiles, held_max_policy(counts, initial, factor), config, initial)
+    policy = held_max_policy(counts, initial, factor)
+    sim = Simulation(trace, profiles, policy, config, initial)
     record = sim.run()
-    wanted = {fid: max(initial.get(fid, 0), math.ceil(max(per.values()) * factor - 1e-9)) for fid, per in counts.items()}
-    fits = all(int(sim.n_srv[fid]) == n for fid, n in wanted.items())
+    fits = all(int(sim.n_srv[fid]) == n for fid, n in policy.final.items())
     return {"factor": factor, "slo": record["slo_attainment"], "slice_s": record["replica_slice_seconds"],
             "timed_out": record["timed_out"], "fits": fits, "requests": record["requests"]}
 

@@ -970,7 +970,7 @@ def test_time_shared_replicas_run_slower_only_when_their_work_exceeds_the_device
     for fid in (0, 1):
         sim._place(fid, sim._demand(fid), 0.0)
     assert sim._stretch(10.0) is None  # nothing time-shared
-    assert sim._time_share(sim._demand(2), 0.0)
+    assert sim._time_share(sim._demand(2), 0.0, sim._device_busy(0.0))
     slots = np.flatnonzero(sim.servers.alive)
     n_f = np.ones(3)
     alone, _ = sim._service_times(n_f, slots, 10.0, 1.0)
