@@ -21,6 +21,8 @@ from functions.spec import ScalingSpec
 
 REASONS = ("STABLE", "BURST", "SLO", "COLD_START", "FORECAST", "TO_ZERO", "HOLD", "NO_DATA", "SLICE", "RESERVE")
 EPS: Final = 1e-9
+MISSED_RISE: Final = 0.5  # a burst that missed rose by at least half a replica (_missed_sample) ...
+MISSED_SHORT: Final = 3.0  # ... and missed for at most 3 cold starts and looks
 
 
 class ScaleDecision(Record):
@@ -176,6 +178,7 @@ class PolicyState(Record):
         cold_cost_s: float | None = None,  # what a cold start costs, in seconds of one idle replica (keep_alive_s)
         held_max: float = 0.0,  # the most requests held at once through the cold start under way
         cold_misses: float = 0.0,  # requests held through a cold start, as measured (cold starts past)
+        missed_at: tuple[float, ...] = (),  # (start, last) of the last two bursts that missed the SLO (_missed_sample)
     ) -> None:
         self.last_active_at: Final = last_active_at
         self.needs: Final = needs
@@ -205,6 +208,7 @@ class PolicyState(Record):
         self.cold_cost_s: Final = cold_cost_s
         self.held_max: Final = held_max
         self.cold_misses: Final = cold_misses
+        self.missed_at: Final = missed_at
 
     def __setattr__(self, name: str, value: object) -> None:
         set_once(self, name, value)  # its own, not inherited: see autoscaler.record
@@ -234,6 +238,7 @@ def decide(
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, now, config)  # for the slice hint
     rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
+    missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
     state = PolicyState(
@@ -242,7 +247,7 @@ def decide(
         inflight_avg=inflight_avg, rate_at=rate_at, budget=budget, served=served, served_over=served_over,
         forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
         peak=peak, rps_last_at=rps_last_at, rise=rise, rise_at=rise_at, rise2=rise2, rise2_at=rise2_at, cold_cost_s=cold_cost_s,
-        held_max=held_max, cold_misses=cold_misses)
+        held_max=held_max, cold_misses=cold_misses, missed_at=missed_at)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
@@ -708,9 +713,10 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     if current > max(1, spec.min_replicas):
         high = [need.at for need in state.needs if _ceil(need.replicas) >= current]
         down = (high[-1] if high else state.needs[0].at if state.needs else now) + config.scale_down_delay_s
-        if state.rise2_at is not None and state.rise2 > current - 1 and config.reserve_memory_s > 0:
+        rise, at = reserve_rise(state, now, config)
+        if at is not None and rise > current - 1 and config.reserve_memory_s > 0:
             # the count goes down only once the reserve, too, has decayed below current - 1 (idle: a need of 0)
-            down = max(down, state.rise2_at + config.reserve_memory_s * math.log(state.rise2 / (current - 1)))
+            down = max(down, at + config.reserve_memory_s * math.log(rise / (current - 1)))
         until = min(until, down)
     return max(now, until)
 
@@ -890,8 +896,41 @@ def _decayed(value: float, at: float | None, now: float, config: PolicyConfig) -
 
 
 def reserve(state: PolicyState, now: float, config: PolicyConfig) -> float:
-    """The reserve now: the second largest recent rise (of another burst), decayed."""
-    return _decayed(state.rise2, state.rise2_at, now, config)
+    """The reserve now: the second largest recent rise (of another burst), decayed; the
+    largest once two bursts within reserve_memory_s rose past what was held and missed the SLO
+    (_missed_sample): bursts that recur and grow, as the real trace's do, are each larger than
+    the second largest before them."""
+    rise, at = reserve_rise(state, now, config)
+    return _decayed(rise, at, now, config)
+
+
+def reserve_rise(state: PolicyState, now: float, config: PolicyConfig) -> tuple[float, float | None]:
+    """The rise the reserve holds, undecayed, and when it was seen (reserve): the largest when
+    the last two missed bursts (_missed_sample) were both short and the older began within
+    reserve_memory_s, else the second largest."""
+    m = state.missed_at
+    if len(m) == 4 and m[0] >= 0 and m[2] >= 0 and now - m[0] <= config.reserve_memory_s and state.rise > state.rise2:
+        return state.rise, state.rise_at
+    return state.rise2, state.rise2_at
+
+
+def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[NeedAt, ...], now: float,
+                   horizon_s: float, config: PolicyConfig) -> tuple[float, ...]:
+    """(start, last) of the last two bursts that missed, flattened: runs of looks, each within
+    `horizon_s` (a cold start and a look) of the last, where more than miss_budget of the
+    window's requests were over the SLO while the need had risen within `horizon_s` by at least
+    MISSED_RISE replicas. A run longer than MISSED_SHORT horizons is a step, not a burst the
+    reserve could hold (a spike the cluster cannot follow, a backlog): its start becomes -1.
+    E.g. misses at 50-51 and 144-147 with a 3.5 s horizon: (50, 51, 144, 147), two short bursts."""
+    if config.reserve_memory_s <= 0 or snapshot.over_slo <= config.miss_budget or not needs:
+        return state.missed_at
+    if needs[-1].replicas - window_min(needs, now, horizon_s) < MISSED_RISE:
+        return state.missed_at
+    m = state.missed_at
+    if m and now - m[-1] <= horizon_s:  # the same burst, still missing
+        began = m[-2] if m[-2] >= 0 and now - m[-2] <= MISSED_SHORT * horizon_s else -1.0
+        return m[:-2] + (began, now)
+    return (m + (now, now))[-4:]
 
 
 def _held_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float, float]:

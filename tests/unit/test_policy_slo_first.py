@@ -17,12 +17,14 @@ from autoscaler.policy import (
     PolicyConfig,
     PolicyState,
     _held_sample,
+    _missed_sample,
     _rise_sample,
     _ski_rental,
     decide,
     keep_alive_s,
     quiet_until,
     reserve,
+    reserve_rise,
 )
 from functions.spec import ScalingSpec
 
@@ -170,3 +172,52 @@ def test_reserve_off():
     state = PolicyState()
     kept: tuple[tuple[float, float], ...] = ((0.0, 0.5), (1.0, 5.0))
     assert _rise_sample(state, kept, 1.0, NEEDS_HORIZON, off) == (0.0, None, 0.0, None)
+
+
+def missed(looks: list[tuple[float, float, float]], horizon: float = NEEDS_HORIZON) -> tuple[float, ...]:
+    """missed_at after looks of (t, need, share over the SLO), the needs kept as decide() keeps them."""
+    state, kept = PolicyState(), ()
+    for t, need, over in looks:
+        kept = (kept + (NeedAt(t, need),))[-40:]
+        s = MetricsSnapshot("f", t, ready=1, rps=10.0, over_slo=over)
+        state = state._replace(missed_at=_missed_sample(state, s, kept, t, horizon, DEFAULT_CONFIG), needs=kept)
+    return state.missed_at
+
+
+def test_missed_bursts_are_runs_of_looks_that_missed_while_the_need_rose():
+    calm = [(float(t), 0.5, 0.0) for t in range(10)]
+    # t = 10, 11: the need rose 0.5 -> 2.0 and half the requests missed: one burst (10, 11);
+    # t = 14 missed with no rise within the horizon (2.0 since 10.5): not a burst's look
+    burst = [(10.0, 2.0, 0.5), (11.0, 2.0, 0.4), (12.0, 2.0, 0.0), (13.0, 2.0, 0.0), (14.0, 2.0, 0.3)] \
+        + [(float(t), 0.5, 0.0) for t in range(15, 50)]
+    assert missed(calm + burst) == (10.0, 11.0)
+    # misses under the budget (0.1 %), or a rise under half a replica: none
+    assert missed(calm + [(10.0, 2.0, 0.0005)]) == ()
+    assert missed(calm + [(10.0, 0.9, 0.5)]) == ()
+    # a second burst at t = 50: both kept, oldest first; a third pushes out the first
+    second = [(50.0, 3.0, 0.2)] + [(float(t), 0.5, 0.0) for t in range(51, 90)]
+    assert missed(calm + burst + second) == (10.0, 11.0, 50.0, 50.0)
+    assert missed(calm + burst + second + [(90.0, 4.0, 0.2)]) == (50.0, 50.0, 90.0, 90.0)
+
+
+def test_a_run_of_misses_longer_than_three_horizons_is_a_step_not_a_burst():
+    # a need rising 1 a look from t = 10 with every look missing (a spike the replicas cannot
+    # follow): past 10 + 3 x 3.5 = 20.5 s its start becomes -1
+    step = [(float(t), 0.5, 0.0) for t in range(10)] + [(float(t), 0.5 + (t - 9), 0.9) for t in range(10, 25)]
+    assert missed(step[:21]) == (10.0, 20.0)
+    assert missed(step) == (-1.0, 24.0)
+
+
+def test_the_reserve_holds_the_largest_rise_once_two_short_bursts_missed():
+    # rises 1.2 at t = 50 and 2.25 at t = 144 (the second largest, 1.2, decayed, is the reserve
+    # before), and both bursts missed, short: the largest, 2.25, from then on
+    state = rises([(float(t), 1.5 if t == 50 else 2.75 if t == 144 else 0.5) for t in range(200)])
+    assert (state.rise, state.rise2) == (pytest.approx(2.25), pytest.approx(1.0 * math.exp(-94 / 600)))
+    assert reserve(state, 200.0, DEFAULT_CONFIG) == pytest.approx(state.rise2 * math.exp(-56 / 600))
+    two = state._replace(missed_at=(50.0, 51.0, 144.0, 147.0))
+    assert reserve_rise(two, 200.0, DEFAULT_CONFIG) == (state.rise, 144.0)
+    assert reserve(two, 200.0, DEFAULT_CONFIG) == pytest.approx(2.25 * math.exp(-56 / 600))
+    # one of them a step (start -1), only one burst, or the older past reserve_memory_s: the second
+    for m in ((-1.0, 80.0, 144.0, 147.0), (144.0, 147.0), (50.0, 51.0, 144.0, 147.0)):
+        at = 700.0 if m == (50.0, 51.0, 144.0, 147.0) else 200.0
+        assert reserve_rise(state._replace(missed_at=m), at, DEFAULT_CONFIG) == (state.rise2, state.rise2_at)
