@@ -605,7 +605,8 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     a cold start priced (cold_cost_s): ski rental over its own idle gaps (_ski_rental); past
     every gap seen, until the idle time has cost one cold start; at least idle_to_zero_s unless
     no gap is worth covering (then periodic_keep_s), at most keep_alive_max_s; with fewer than
-    gaps_min gaps, the spec's idle_to_zero_s (its user's setting, until the gaps say better). Without (miss_price_slice_s 0, or never active), the hybrid
+    gaps_min gaps, nothing to weigh, until the idle time has cost one cold start (ski rental's
+    break-even), within the same bounds. Without (miss_price_slice_s 0, or never active), the hybrid
     histogram of Shahrad et al., "Serverless in the Wild", ATC 2020, in short: the gaps' p90 x
     1.1 when within keep_alive_max_s and over idle_to_zero_s; periodic_keep_s when even their
     p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
@@ -614,9 +615,12 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. docs/design/policy.md."""
     if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
-    if state.gap_quantiles is None:
-        return spec.idle_to_zero_s  # too few gaps to go by: the spec's own, as its user set it
-    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
+    cold_cost = state.cold_cost_s if config.miss_price_slice_s > 0 else None
+    if state.gap_quantiles is None:  # too few gaps to go by
+        if cold_cost is None:
+            return spec.idle_to_zero_s  # the spec's own, as its user set it
+        return min(max(spec.idle_to_zero_s, cold_cost), max(spec.idle_to_zero_s, config.keep_alive_max_s))
+    if state.cold_cost_s is not None and cold_cost is not None:
         keep = _ski_rental(state.gaps, state.cold_cost_s)
         if keep <= 0:
             return min(spec.idle_to_zero_s, config.periodic_keep_s)

@@ -72,8 +72,11 @@ KEEP = [
     ("cheap-cold-start", (300.0, 400.0, 500.0, 900.0), 20.0, 10.0),
     # never below idle_to_zero_s (60 s) when some gap is worth covering: gaps 20 s
     ("floor-idle-to-zero", (20.0, 20.0, 20.0, 20.0), 100.0, 100.0),
-    # too few gaps (1 < 4): the spec's idle_to_zero_s, 60 s, however a cold start is priced
-    ("few-gaps-the-specs", (30.0,), 1200.0, 60.0),
+    # too few gaps (1 < 4) to weigh: until the idle time has cost one cold start (ski rental's
+    # break-even), never under idle_to_zero_s (60 s), at most keep_alive_max_s (300 s)
+    ("few-gaps-break-even", (30.0,), 200.0, 200.0),
+    ("few-gaps-capped", (30.0,), 1200.0, 300.0),
+    ("few-gaps-floor", (30.0,), 40.0, 60.0),
     # no cold cost known (never active with a slice): idle_to_zero_s
     ("no-cost", (), None, 60.0),
 ]
