@@ -64,7 +64,8 @@ class PolicyConfig:
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
     gaps_kept: int = 16  # idle gaps remembered per function
-    gaps_min: int = 4  # gaps needed before the keep-alive follows them
+    gaps_min: int = 4  # gaps needed before the keep-alive follows them; with fewer, a priced cold
+    few_gaps_keep_x: float = 3.0  # start's break-even, at most this many times the spec's idle_to_zero_s
     gap_min_s: float = 2.0  # silences shorter than this are not gaps
     headroom_pct: float = 50.0  # p95 at or below this share of its target is headroom
     trend_window_s: float = 30.0  # forecast: slope of the need over this window
@@ -606,7 +607,9 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     every gap seen, until the idle time has cost one cold start; at least idle_to_zero_s unless
     no gap is worth covering (then periodic_keep_s), at most keep_alive_max_s; with fewer than
     gaps_min gaps, nothing to weigh, until the idle time has cost one cold start (ski rental's
-    break-even), within the same bounds. Without (miss_price_slice_s 0, or never active), the hybrid
+    break-even), within the same bounds and at most few_gaps_keep_x x idle_to_zero_s (the user's
+    setting says what idle time they accept: a function set to go at 2 s does not stay for
+    minutes before its gaps are known). Without (miss_price_slice_s 0, or never active), the hybrid
     histogram of Shahrad et al., "Serverless in the Wild", ATC 2020, in short: the gaps' p90 x
     1.1 when within keep_alive_max_s and over idle_to_zero_s; periodic_keep_s when even their
     p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
@@ -619,7 +622,8 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     if state.gap_quantiles is None:  # too few gaps to go by
         if cold_cost is None:
             return spec.idle_to_zero_s  # the spec's own, as its user set it
-        return min(max(spec.idle_to_zero_s, cold_cost), max(spec.idle_to_zero_s, config.keep_alive_max_s))
+        cap = min(spec.idle_to_zero_s * config.few_gaps_keep_x, config.keep_alive_max_s)
+        return min(max(spec.idle_to_zero_s, cold_cost), max(spec.idle_to_zero_s, cap))
     if state.cold_cost_s is not None and cold_cost is not None:
         keep = _ski_rental(state.gaps, state.cold_cost_s)
         if keep <= 0:

@@ -73,9 +73,9 @@ KEEP = [
     # never below idle_to_zero_s (60 s) when some gap is worth covering: gaps 20 s
     ("floor-idle-to-zero", (20.0, 20.0, 20.0, 20.0), 100.0, 100.0),
     # too few gaps (1 < 4) to weigh: until the idle time has cost one cold start (ski rental's
-    # break-even), never under idle_to_zero_s (60 s), at most keep_alive_max_s (300 s)
-    ("few-gaps-break-even", (30.0,), 200.0, 200.0),
-    ("few-gaps-capped", (30.0,), 1200.0, 300.0),
+    # break-even), never under idle_to_zero_s (60 s), at most 3 x 60 = 180 s (few_gaps_keep_x)
+    ("few-gaps-break-even", (30.0,), 150.0, 150.0),
+    ("few-gaps-capped", (30.0,), 1200.0, 180.0),
     ("few-gaps-floor", (30.0,), 40.0, 60.0),
     # no cold cost known (never active with a slice): idle_to_zero_s
     ("no-cost", (), None, 60.0),
@@ -85,6 +85,13 @@ KEEP = [
 @pytest.mark.parametrize("gaps,worth,keep", [c[1:] for c in KEEP], ids=[c[0] for c in KEEP])
 def test_keep_alive_weighs_a_cold_start_against_idle_time(gaps, worth, keep):
     assert keep_alive_s(state_with(gaps, worth), SPEC, DEFAULT_CONFIG) == pytest.approx(keep)
+
+
+def test_few_gaps_keep_at_most_three_times_the_specs_setting():
+    # a function set to go at 2 s, its cold start priced at 80 s, one gap known: 3 x 2 = 6 s
+    assert keep_alive_s(state_with((30.0,), 80.0), ScalingSpec(idle_to_zero_s=2.0), DEFAULT_CONFIG) == 6.0
+    # at 150 s the keep-alive cap (300 s) binds first
+    assert keep_alive_s(state_with((30.0,), 1200.0), ScalingSpec(idle_to_zero_s=150.0), DEFAULT_CONFIG) == 300.0
 
 
 def test_keep_alive_follows_the_old_rule_with_no_price():
