@@ -64,8 +64,8 @@ class PolicyConfig:
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
     gaps_kept: int = 16  # idle gaps remembered per function
-    gaps_min: int = 4  # gaps needed before the keep-alive follows them; with fewer, a priced cold
-    few_gaps_keep_x: float = 3.0  # start's break-even, at most this many times the spec's idle_to_zero_s
+    gaps_min: int = 4  # gaps needed before the keep-alive follows them
+    few_gaps_keep_x: float = 3.0  # with fewer, a priced cold start's break-even, at most this x idle_to_zero_s
     gap_min_s: float = 2.0  # silences shorter than this are not gaps
     headroom_pct: float = 50.0  # p95 at or below this share of its target is headroom
     trend_window_s: float = 30.0  # forecast: slope of the need over this window
@@ -624,14 +624,14 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
             return spec.idle_to_zero_s  # the spec's own, as its user set it
         cap = min(spec.idle_to_zero_s * config.few_gaps_keep_x, config.keep_alive_max_s)
         return min(max(spec.idle_to_zero_s, cold_cost), max(spec.idle_to_zero_s, cap))
-    if state.cold_cost_s is not None and cold_cost is not None:
-        keep = _ski_rental(state.gaps, state.cold_cost_s)
+    if cold_cost is not None:
+        keep = _ski_rental(state.gaps, cold_cost)
         if keep <= 0:
             return min(spec.idle_to_zero_s, config.periodic_keep_s)
         if all(gap <= keep for gap in state.gaps):
             # every gap seen is covered: a longer one is likely as long again as it has lasted,
             # so keep on until the idle time has cost what a cold start would (2-competitive)
-            keep = max(keep, state.cold_cost_s)
+            keep = max(keep, cold_cost)
         return min(max(spec.idle_to_zero_s, keep), max(spec.idle_to_zero_s, config.keep_alive_max_s))
     low, high = state.gap_quantiles
     high *= 1.1
@@ -721,10 +721,9 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     if current > max(1, spec.min_replicas):
         high = [need.at for need in state.needs if _ceil(need.replicas) >= current]
         down = (high[-1] if high else state.needs[0].at if state.needs else now) + config.scale_down_delay_s
-        rise, at = reserve_rise(state, now, config)
-        if at is not None and rise > current - 1 and config.reserve_memory_s > 0:
-            # the count goes down only once the reserve, too, has decayed below current - 1 (idle: a need of 0)
-            down = max(down, at + config.reserve_memory_s * math.log(rise / (current - 1)))
+        if config.reserve_memory_s > 0:
+            # the count goes down only once the reserve, too, is below current - 1 (idle: a need of 0)
+            down = max(down, reserve_under(state, current - 1, now, config))
         until = min(until, down)
     return max(now, until)
 
@@ -908,18 +907,35 @@ def reserve(state: PolicyState, now: float, config: PolicyConfig) -> float:
     largest once two bursts within reserve_memory_s rose past what was held and missed the SLO
     (_missed_sample): bursts that recur and grow, as the real trace's do, are each larger than
     the second largest before them."""
-    rise, at = reserve_rise(state, now, config)
-    return _decayed(rise, at, now, config)
+    second = _decayed(state.rise2, state.rise2_at, now, config)
+    if holds_largest(state, now, config):
+        return max(second, _decayed(state.rise, state.rise_at, now, config))
+    return second
 
 
-def reserve_rise(state: PolicyState, now: float, config: PolicyConfig) -> tuple[float, float | None]:
-    """The rise the reserve holds, undecayed, and when it was seen (reserve): the largest when
-    the last two missed bursts (_missed_sample) were both short and the older began within
-    reserve_memory_s, else the second largest."""
+def holds_largest(state: PolicyState, now: float, config: PolicyConfig) -> bool:
+    """Whether the reserve holds the largest rise: the last two missed bursts (_missed_sample)
+    were both short and the older began within reserve_memory_s of `now`."""
     m = state.missed_at
-    if len(m) == 4 and m[0] >= 0 and m[2] >= 0 and now - m[0] <= config.reserve_memory_s and state.rise > state.rise2:
-        return state.rise, state.rise_at
-    return state.rise2, state.rise2_at
+    return len(m) == 4 and m[0] >= 0 and m[2] >= 0 and now - m[0] <= config.reserve_memory_s
+
+
+def reserve_under(state: PolicyState, level: float, now: float, config: PolicyConfig) -> float:
+    """When the reserve, with no new rise, is at or below `level` (> 0): each rise held decays
+    below it at at + memory x ln(rise / level), and the largest stops being held once its older
+    burst is reserve_memory_s old. E.g. rises 3.0 at 100 and 1.0 at 40, the older missed burst
+    from 50, level 2: the largest decays to 2 at 100 + 600 ln 1.5 = 343.3, before it is let go at
+    50 + 600 = 650; the second is under 2 already: 343.3. Level 1: let go at 650 (it would
+    decay to 1 only at 759), the second 1.0 is not over 1: 650."""
+    def under(rise: float, at: float | None) -> float:
+        if at is None or rise <= level:
+            return -math.inf
+        return at + config.reserve_memory_s * math.log(rise / level)
+
+    second = under(state.rise2, state.rise2_at)
+    if not holds_largest(state, now, config):
+        return second
+    return max(second, min(under(state.rise, state.rise_at), state.missed_at[0] + config.reserve_memory_s))
 
 
 def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[NeedAt, ...], now: float,
@@ -935,7 +951,9 @@ def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[N
     if needs[-1].replicas - window_min(needs, now, horizon_s) < MISSED_RISE:
         return state.missed_at
     m = state.missed_at
-    if m and now - m[-1] <= horizon_s:  # the same burst, still missing
+    # the same burst, still missing; a share over the SLO read over a window longer than the
+    # horizon (a PromQL rate over 30 s) still shows the last burst's misses for that long
+    if m and now - m[-1] <= max(horizon_s, snapshot.window_s):
         began = m[-2] if m[-2] >= 0 and now - m[-2] <= MISSED_SHORT * horizon_s else -1.0
         return m[:-2] + (began, now)
     return (m + (now, now))[-4:]

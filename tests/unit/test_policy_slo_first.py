@@ -23,8 +23,9 @@ from autoscaler.policy import (
     decide,
     keep_alive_s,
     quiet_until,
+    holds_largest,
     reserve,
-    reserve_rise,
+    reserve_under,
 )
 from functions.spec import ScalingSpec
 
@@ -219,15 +220,75 @@ def test_a_run_of_misses_longer_than_three_horizons_is_a_step_not_a_burst():
 
 
 def test_the_reserve_holds_the_largest_rise_once_two_short_bursts_missed():
-    # rises 1.2 at t = 50 and 2.25 at t = 144 (the second largest, 1.2, decayed, is the reserve
+    # rises 1.0 at t = 50 and 2.25 at t = 144 (the second largest, 1.0, decayed, is the reserve
     # before), and both bursts missed, short: the largest, 2.25, from then on
     state = rises([(float(t), 1.5 if t == 50 else 2.75 if t == 144 else 0.5) for t in range(200)])
     assert (state.rise, state.rise2) == (pytest.approx(2.25), pytest.approx(1.0 * math.exp(-94 / 600)))
     assert reserve(state, 200.0, DEFAULT_CONFIG) == pytest.approx(state.rise2 * math.exp(-56 / 600))
     two = state._replace(missed_at=(50.0, 51.0, 144.0, 147.0))
-    assert reserve_rise(two, 200.0, DEFAULT_CONFIG) == (state.rise, 144.0)
+    assert holds_largest(two, 200.0, DEFAULT_CONFIG)
     assert reserve(two, 200.0, DEFAULT_CONFIG) == pytest.approx(2.25 * math.exp(-56 / 600))
-    # one of them a step (start -1), only one burst, or the older past reserve_memory_s: the second
-    for m in ((-1.0, 80.0, 144.0, 147.0), (144.0, 147.0), (50.0, 51.0, 144.0, 147.0)):
-        at = 700.0 if m == (50.0, 51.0, 144.0, 147.0) else 200.0
-        assert reserve_rise(state._replace(missed_at=m), at, DEFAULT_CONFIG) == (state.rise2, state.rise2_at)
+    # either burst a step (start -1), only one burst, or the older past reserve_memory_s: the second
+    for m, at in (((-1.0, 80.0, 144.0, 147.0), 200.0), ((50.0, 51.0, -1.0, 160.0), 200.0),
+                  ((144.0, 147.0), 200.0), ((50.0, 51.0, 144.0, 147.0), 700.0)):
+        held = state._replace(missed_at=m)
+        assert not holds_largest(held, at, DEFAULT_CONFIG)
+        assert reserve(held, at, DEFAULT_CONFIG) == pytest.approx(_second(state, at))
+
+
+def _second(state: PolicyState, at: float) -> float:
+    return state.rise2 * math.exp(-(at - state.rise2_at) / DEFAULT_CONFIG.reserve_memory_s)
+
+
+@pytest.mark.parametrize("level,expected", [
+    # the largest (3.0 at 100) decays to 2 at 100 + 600 ln 1.5 = 343.3, before it is let go at 650
+    (2.0, 100.0 + 600.0 * math.log(1.5)),
+    # to 1 only at 100 + 600 ln 3 = 759.2: let go at 650 (the second, 1.0, is not over 1)
+    (1.0, 650.0),
+])
+def test_reserve_under_says_when_the_held_rise_falls_below_a_level(level, expected):
+    state = PolicyState(rise=3.0, rise_at=100.0, rise2=1.0, rise2_at=40.0, missed_at=(50.0, 52.0, 100.0, 101.0))
+    assert reserve_under(state, level, 120.0, DEFAULT_CONFIG) == pytest.approx(expected)
+    # and the reserve, looked at every second, is first at or below the level within the second
+    # after it (never before: quiet_until's promise; at 650 exactly the largest is still held)
+    first = next(t for t in range(120, 2000) if reserve(state, float(t), DEFAULT_CONFIG) <= level + 1e-9)
+    assert expected - 1e-9 <= first <= expected + 1.0
+
+
+def test_quiet_until_waits_for_the_largest_rise_held():
+    # idle at 3 replicas after two missed bursts; the largest rise, 3.0 at 100, holds 3 (the count
+    # goes to 2 once the reserve is under 2): 343.3, where the second alone (1.0) would not hold it
+    state = PolicyState(last_active_at=120.0, needs=(NeedAt(120.0, 0.0),), rise=3.0, rise_at=100.0, rise2=1.0,
+                        rise2_at=40.0, missed_at=(50.0, 52.0, 100.0, 101.0), cold_cost_s=2000.0,
+                        gaps=(100.0, 120.0, 150.0, 200.0), gap_quantiles=(100.0, 200.0))
+    assert quiet_until(state, SPEC, 3, 121.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
+    one = state._replace(missed_at=(100.0, 101.0))
+    assert quiet_until(one, SPEC, 3, 121.0, 2.5, DEFAULT_CONFIG) == pytest.approx(150.0)  # 120 + the 30 s delay
+
+
+def test_decide_carries_the_missed_bursts():
+    # 1 replica at 1 rps, then 30 rps with 60 % over the SLO: a burst that missed, kept by decide()
+    spec = ScalingSpec(max_replicas=8, slo_p95_ms=200)
+    state = PolicyState()
+    for t in range(10):
+        _, state = decide(MetricsSnapshot("f", float(t), ready=1, rps=1.0, duty=(0.05,), window_s=1.0,
+                                          cold_start_s=2.5, slice_fraction=0.25), spec, state, float(t))
+    assert state.missed_at == ()
+    _, state = decide(MetricsSnapshot("f", 10.0, ready=1, rps=30.0, duty=(1.0,), over_slo=0.6, window_s=1.0,
+                                      cold_start_s=2.5, slice_fraction=0.25, service_s=0.04), spec, state, 10.0)
+    assert state.missed_at == (10.0, 10.0)
+
+
+def test_a_share_read_over_a_long_window_keeps_the_burst():
+    # PromQL's over-SLO share over 30 s still shows a burst's misses 20 s on: the same burst
+    calm = [(float(t), 0.5, 0.0) for t in range(10)]
+    state, kept = PolicyState(), ()
+    for t, need, over in calm + [(10.0, 2.0, 0.5)] + [(float(t), 0.5, 0.0) for t in range(11, 30)] + [(30.0, 2.0, 0.5)]:
+        kept = (kept + (NeedAt(t, need),))[-40:]
+        s = MetricsSnapshot("f", t, ready=1, rps=10.0, over_slo=over, window_s=30.0)
+        state = state._replace(missed_at=_missed_sample(state, s, kept, t, NEEDS_HORIZON, DEFAULT_CONFIG), needs=kept)
+    assert state.missed_at == (-1.0, 30.0)  # one run, 20 s long: a step, not two bursts
+
+
+def test_few_gaps_unpriced_keep_the_specs_setting():
+    assert keep_alive_s(state_with((30.0,), 1200.0), SPEC, PolicyConfig(miss_price_slice_s=0.0)) == 60.0
