@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-cluster demo bench ray-venv clean
+.PHONY: venv test test-cluster test-gpu demo bench ray-venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test-cluster: venv
 	tests/cluster/build.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 	$(PY) -m pytest -q -m cluster --timeout 600 tests/cluster
+
+# On a machine with an NVIDIA GPU and the torch extra (docs/gpu.md); skipped where NVML finds none.
+test-gpu: venv
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q torch
+	$(PY) -m pytest -v -s -m gpu tests/gpu
 
 demo: venv
 	$(PY) -m deploy.cli demo
