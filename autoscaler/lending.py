@@ -8,7 +8,8 @@ the spirit of "Serverless in the Wild" (Shahrad et al., USENIX ATC 2020: a warm 
 while the next arrival is likely), becomes a loan of capacity nobody waits for. A full cluster is shared by the same arbiter
 (`share`): every replica ranked by what it serves (a function's floor, its need, headroom, idle),
 asks granted highest first, each taking back only lower-ranked replicas of other functions, and
-those held short said with why. The scaler (autoscaler.replicas) and the simulator act on it.
+those held short said with why; what a busy replica serves is `replica_rank` over its function's
+`need_of`. The scaler (autoscaler.replicas) and the simulator rank and act on it alike.
 Pure: stdlib and placement; no I/O, no clock.
 """
 
@@ -144,6 +145,29 @@ def want_asks(wants: Sequence[Want]) -> list[Ask]:
 # What a slice serves, lowest first: a replica is taken back only for an ask of a higher rank.
 IDLE, HEADROOM, KEPT, NEED, FLOOR = range(5)
 RANKS = ("idle", "headroom", "kept", "need", "floor")
+
+
+def need_of(busy_per_s: Any, max_duty: float, active: Any) -> Any:
+    """The replicas that carry a function's work at `max_duty`: its replicas' busy seconds per
+    second over it, rounded up, at least one while requests come; on floats or numpy arrays
+    alike (the simulator's every function at once), so the ceiling is -(-x // 1).
+    // 0.45 busy s/s at 0.9: 1; 2.0: ceil(2.22) = 3; nothing busy, requests coming: 1"""
+    n = -(-(busy_per_s / max_duty - 1e-9) // 1)
+    return n + (n < 1) * active
+
+
+def replica_rank(k: int, rate: float, need: float, slice_fraction: float) -> tuple[int, float]:
+    """The rank and value of a function's k-th replica (1 the first) while requests come at `rate`
+    a second and `need` replicas carry them (need_of): FLOOR for its first, NEED up to its need,
+    HEADROOM above; the value the requests per second it carries per slice (its share of the
+    rate: rate / need within the need, rate / k above it). IDLE, value 0, without requests (an
+    idle replica is valued by its take-back cost instead: takeback_cost). The simulator and the
+    scaler rank by it alike.
+    // 40 rps, need 2, slice 1/4: the 2nd NEED, 40 / 2 / 0.25 = 80; the 3rd HEADROOM, 40 / 3 / 0.25 = 53.3"""
+    if rate <= 0:
+        return IDLE, 0.0
+    rank = FLOOR if k == 1 else NEED if k <= need else HEADROOM
+    return rank, rate / max(need if k <= need else k, 1) / slice_fraction
 
 
 class Hold(NamedTuple):

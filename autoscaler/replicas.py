@@ -2,8 +2,9 @@
 
 It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
 gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
-keep serving); a replica that cannot be placed takes slices back from other functions' idle
-replicas in the same tick (autoscaler.lending chooses them), and a function's first replica that
+keep serving); a replica that cannot be placed takes slices back in the same tick from other
+functions' idle replicas, or from busy ones of a lower rank (a busy function's headroom above its
+need, read from its replicas' duty: autoscaler.lending chooses them), and a function's first replica that
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
 busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas
 that died or whose function went away, and backs off a function whose replicas fail to start.
@@ -25,10 +26,11 @@ from typing import Any, Callable, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
-    IDLE, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, observe_rate, share, want_asks,
+    FLOOR, HEADROOM, IDLE, NEED, RANKS, Ask, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, need_of,
+    observe_rate, replica_rank, share,
 )
 from autoscaler.loop import EventSink, Fleet, Target
-from autoscaler.metrics import ReplicaStat, duty_cycle
+from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
@@ -232,11 +234,15 @@ class ReplicaScaler:
             want = Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name), name in first)
             wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
-        asks = want_asks([w for w, _, _ in wants.values()])
+        traffic, need = self._traffic_and_need()
+        asks = self._asks([w for w, _, _ in wants.values()], traffic, need)
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
+        if self.config.take_back:
+            holds += self._busy_holds(traffic, need, {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
-        # kept. Further replicas only ever take cheap ones: they go in the last pass, after them
+        # kept or busy above its need. Further replicas go in the last pass, after them, each taking
+        # only what ranks below it (one within its function's need: headroom; one above: cheap idle)
         pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
         later = [a for a in asks if not wants[a.demand.replica][0].first] if len(pools) > 1 else []
         asks = [a for a in asks if a not in later]
@@ -257,6 +263,62 @@ class ReplicaScaler:
                         self._spawn_task(self._bring_up(replica))
             asks = [a for a in asks if a.demand.replica in short]
 
+    def _traffic_and_need(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per function, its requests a second in its ready replicas' last window (answered, and in
+        flight or queued at the last scrape) with those held at the gateway, and the replicas that
+        carry its work at the policy's max duty (lending.need_of over their summed duty cycles), as
+        the simulator reads both from its tick (Simulation._traffic_and_need). E.g. two replicas
+        busy 0.8 and 0.7 of the window at max duty 0.9: ceil(1.5 / 0.9) = 2."""
+        busy: dict[str, float] = {}
+        rate: dict[str, float] = {}
+        for r in self.replicas.values():
+            if r.state != "ready" or len(r.stats) < 2:
+                continue
+            prev, cur = r.stats
+            window = max(cur.at - prev.at, self.config.tick_s)
+            busy[r.function] = busy.get(r.function, 0.0) + duty_cycle(prev, cur)
+            rate[r.function] = (rate.get(r.function, 0.0) + request_rate(prev, cur)
+                                + (cur.inflight + cur.queued) / window)
+        traffic = {name: rps + self.router.held(name) / self.config.tick_s for name, rps in rate.items()}
+        need = {name: need_of(busy[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
+        return traffic, need
+
+    def _asks(self, wants: list[Want], traffic: dict[str, float], need: dict[str, float]) -> list[Ask]:
+        """The tick's wants as asks: a function's first replica its FLOOR, valued by the requests
+        held for it; a further one ranked and valued by what it would serve (lending.replica_rank:
+        NEED within its function's need, HEADROOM above, IDLE without requests), counted after its
+        function's live replicas, as the simulator ranks them."""
+        asks, kth = [], {}
+        for w in wants:
+            name = w.demand.function
+            if w.first:
+                asks.append(Ask(w.demand, FLOOR, float(w.waiting), w.waiting))
+                continue
+            kth[name] = kth.get(name, len(self.live(name))) + 1
+            rank, value = replica_rank(kth[name], traffic.get(name, 0.0), need.get(name, 0.0),
+                                       float(w.demand.fraction))
+            asks.append(Ask(w.demand, rank, value, w.waiting))
+        return asks
+
+    def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
+        """The ready replicas of functions with requests, but for the idle ones (`idle`: idle_holds
+        has them), ranked by what they serve (lending.replica_rank): a function's replicas counted
+        ready oldest first, so its newest are its headroom. Only NEED and HEADROOM ones: a floor
+        is never taken, and one a window of no requests would rank idle is not lent here (_idle
+        says when one is). A starting replica is not taken: its start is under way."""
+        mine: dict[str, list[Replica]] = {}
+        for r in self.replicas.values():
+            if r.state == "ready" and r.id in self.cluster and traffic.get(r.function, 0.0) > 0:
+                mine.setdefault(r.function, []).append(r)
+        holds = []
+        for name, replicas in mine.items():
+            replicas.sort(key=lambda r: (r.ready_at or 0.0, r.created_at))
+            for k, r in enumerate(replicas, 1):
+                rank, value = replica_rank(k, traffic[name], need[name], float(r.placement.fraction))
+                if r.id not in idle and rank in (NEED, HEADROOM):
+                    holds.append(Hold(r.id, name, rank, value))
+        return holds
+
     def _grant(self, wanted: tuple[Want, FunctionSpec, int], victims: tuple[Hold, ...], found: dict) -> None:
         """Take `victims` back (drained and stopped in tasks) and place and start the wanted replica
         on the room they leave, once they stopped where a device's memory is real."""
@@ -264,7 +326,10 @@ class ReplicaScaler:
         stopping = []
         for v in victims:
             device = self.replicas[v.replica].placement.device
-            task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
+            if v.replica in found:  # idle: priced by its take-back cost
+                task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
+            else:  # busy, above its function's need (or within it, for a function's first replica)
+                task = self._take_busy(v, want)
             if not device.emulated:  # a real device's memory is free once the victim stopped
                 stopping.append(task)
         replica = self._place(want.demand, spec, revision)
@@ -363,21 +428,35 @@ class ReplicaScaler:
         return out
 
     def _take_back(self, tb: TakeBack) -> asyncio.Task:
-        """Stop routing to the victim and free its slice now; drain and stop it in a task."""
+        """An idle victim, priced by its take-back cost: _take."""
         victim = self.replicas[tb.victim.replica]
+        idle_s = self.clock() - victim.active_at
+        return self._take(victim, tb.demand, f"idle {idle_s:.0f} s", f"{tb.waiting} request(s) of "
+                          f"{tb.demand.function} waiting and no free slice; cost {tb.cost:.3f} = P(request "
+                          f"before keep-alive ends) {tb.chance:.3f} x {tb.misses:.2f} cold-start misses",
+                          {"waiting": tb.waiting, "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
+
+    def _take_busy(self, hold: Hold, want: Want) -> asyncio.Task:
+        """A busy victim of a lower rank than the ask (lending.share): _take. Its requests in flight
+        finish in the drain; its function's next look sees one replica fewer and asks again."""
+        victim = self.replicas[hold.replica]
+        ask = "its first replica" if want.first else "a replica within its need"
+        return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} req/s per slice",
+                          f"{want.waiting} request(s) of {want.demand.function} waiting, no free slice and no "
+                          f"idle one; {ask} goes before another function's {RANKS[hold.rank]}",
+                          {"waiting": want.waiting, "rank": RANKS[hold.rank], "value": hold.value})
+
+    def _take(self, victim: Replica, demand: Demand, what: str, why: str, data: dict) -> asyncio.Task:
+        """Stop routing to the victim and free its slice now; drain and stop it in a task; say so."""
         victim.state = "draining"
         self.cluster.release(victim.id)
-        taker = tb.demand.function
+        taker = demand.function
         self.takebacks.labels(taker, "took").inc()
         self.takebacks.labels(victim.function, "gave").inc()
-        idle_s = self.clock() - victim.active_at
         self.events("takeback", f"{taker} took {victim.placement.device.id} slice {_slice(victim.placement)} from "
-                    f"{victim.function} ({victim.id}, idle {idle_s:.0f} s): {tb.waiting} request(s) of {taker} "
-                    f"waiting and no free slice; cost {tb.cost:.3f} = P(request before keep-alive ends) "
-                    f"{tb.chance:.3f} x {tb.misses:.2f} cold-start misses",
-                    function=taker, data={"from": victim.function, "replica": victim.id, "for": tb.demand.replica,
-                                          "device": victim.placement.device.id, "waiting": tb.waiting,
-                                          "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
+                    f"{victim.function} ({victim.id}, {what}): {why}",
+                    function=taker, data={"from": victim.function, "replica": victim.id, "for": demand.replica,
+                                          "device": victim.placement.device.id, **data})
         return self._spawn_task(self._drain_and_stop(victim, f"slice taken back by {taker}"))
 
     def slice_for(self, spec: FunctionSpec) -> Fraction:

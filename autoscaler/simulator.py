@@ -28,7 +28,7 @@ import numpy as np
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
 from autoscaler.lending import (
-    FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, decay_rate, share, takeback_cost,
+    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, need_of, replica_rank, share, takeback_cost,
 )
 from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
@@ -1254,8 +1254,7 @@ class Simulation:
             held[self._asking[0]] = max(held[self._asking[0]], self._asking[1])
         traffic = (self.tick_n + held) / dt
         duty = getattr(getattr(self.policy, "config", None), "max_duty", DEFAULT_CONFIG.max_duty)
-        need = np.maximum(np.ceil(self.tick_busy / (dt * duty) - 1e-9), traffic > 0)
-        return traffic, need
+        return traffic, need_of(self.tick_busy / dt, duty, traffic > 0)
 
     def _ranks(self, fids: np.ndarray, k: np.ndarray, traffic: np.ndarray, need: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -1264,10 +1263,10 @@ class Simulation:
         it carries per slice (its share of the function's: rate / need within the need, rate / k
         above it). A function without traffic: IDLE, value 0 (a pre-warm fits only a free slice; an
         idle replica's value is its take-back cost, _holds)."""
-        rate, n = traffic[fids], need[fids]
-        ranks = np.where(rate <= 0, IDLE, np.where(k == 1, FLOOR, np.where(k <= n, NEED, HEADROOM)))
-        slices = np.array([self._slice_of[f] for f in fids.tolist()])
-        values = np.where(rate > 0, rate / np.maximum(np.where(k <= n, n, k), 1) / slices, 0.0)
+        ranked = [replica_rank(kth, float(traffic[f]), float(need[f]), self._slice_of[f])
+                  for kth, f in zip(k.tolist(), fids.tolist())]
+        ranks = np.array([r for r, _ in ranked], dtype=np.int64)
+        values = np.array([v for _, v in ranked], dtype=float)
         return ranks, values
 
     def _holds(self, now: float, traffic: np.ndarray, need: np.ndarray, below: int) -> list[Hold]:

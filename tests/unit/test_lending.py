@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, Rate, Want, chance_of_request, choose_takebacks,
-    cold_start_misses, observe_rate, share, takeback_cost,
+    cold_start_misses, need_of, observe_rate, replica_rank, share, takeback_cost,
 )
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
@@ -536,3 +536,91 @@ def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it()
     assert [(a[0], k["function"]) for a, k in events if a[0] in ("time_share", "held_short")] == [
         ("time_share", "w"), ("held_short", "f0")]
     assert scaler.cluster.over_units("emulated:0") == 90090  # w's 1/8 alone is over
+
+
+# ---- what a replica serves: the one ranking of the simulator and the scaler
+
+
+@pytest.mark.parametrize("busy, active, expected", [
+    pytest.param(0.45, True, 1, id="0.45 busy s/s at max duty 0.9: 1"),
+    pytest.param(0.9, True, 1, id="exactly 0.9: 1, not 2"),
+    pytest.param(2.0, True, 3, id="2.0: ceil(2.22) = 3"),
+    pytest.param(0.0, True, 1, id="requests but nothing busy yet: 1"),
+    pytest.param(0.0, False, 0, id="no requests: 0"),
+])
+def test_need_is_busy_seconds_over_max_duty_rounded_up(busy, active, expected):
+    assert need_of(busy, 0.9, active) == expected
+    np = pytest.importorskip("numpy")  # the simulator's every function at once: the same numbers
+    assert need_of(np.array([busy]), 0.9, np.array([active]))[0] == expected
+
+
+@pytest.mark.parametrize("k, rate, need, rank, value", [
+    pytest.param(1, 40.0, 2, FLOOR, 40 / 2 / 0.25, id="the first: floor, 40 rps / need 2 / 1/4 slice = 80"),
+    pytest.param(2, 40.0, 2, NEED, 80.0, id="within the need: need, the same share"),
+    pytest.param(3, 40.0, 2, HEADROOM, 40 / 3 / 0.25, id="above it: headroom, 40 / 3 / 0.25 = 53.3"),
+    pytest.param(2, 0.0, 0, IDLE, 0.0, id="no requests: idle, worth 0 (priced by take-back cost instead)"),
+])
+def test_a_replica_is_ranked_by_what_it_serves(k, rate, need, rank, value):
+    assert replica_rank(k, rate, need, 0.25) == (rank, pytest.approx(value))
+
+
+def _busy(scaler, duty: dict[str, float], two_of_f0: bool = True) -> None:
+    """Every replica with a request in flight (nothing idle to lend), busy `duty[function]` of the
+    last 1 s (0.2 where not given); with `two_of_f0`, f7's replica becomes f0's second: f0 at 0.2
+    + 0.2 busy needs one replica (ceil(0.4 / 0.9)), so that second one is its headroom."""
+    for r in scaler.replicas.values():
+        if two_of_f0 and r.function == "f7":
+            r.function, r.spec = "f0", _spec("f0", 1024)
+        r.stats = [ReplicaStat(r.id, 99.0, completed=r.stats[-1].completed),
+                   ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0,
+                               busy_s=duty.get(r.function, 0.2))]
+
+
+def test_a_first_replica_takes_a_busy_functions_headroom_when_nothing_is_idle():
+    # nothing idle, time-sharing off: before, w's first replica waited (held short); now it takes
+    # f0's second replica, above f0's need of one, newest first, and says which rank it took
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {})
+    traffic, need = scaler._traffic_and_need()
+    assert traffic["f0"] == pytest.approx(2.0) and need["f0"] == 1 and need["f1"] == 1
+    _apply_w(scaler, memory_mib=1024)
+    (takeback,) = [(a, k) for a, k in events if a[0] == "takeback"]
+    assert takeback[1]["data"]["from"] == "f0" and takeback[1]["data"]["rank"] == "headroom"
+    assert "(f7-8, headroom, 8.0 req/s per slice)" in takeback[0][1]  # 2 rps / k 2 / (1/8) = 8
+    assert "its first replica goes before another function's headroom" in takeback[0][1]
+    assert backend.stopped == ["f7-8"] and router.drained == ["f7-8"]
+    assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
+    assert not [a for a, _ in events if a[0] == "held_short"]
+
+
+def test_a_needed_replica_takes_headroom_and_headroom_takes_none():
+    # f1 busy the whole second needs two replicas (ceil(1.0 / 0.9)): its second is NEED and takes
+    # f0's headroom; f2 (busy 0.2, need 1) wants a second too, HEADROOM: it takes no one's
+    # headroom and is held short, said with its rank
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {"f1": 1.0})
+
+    async def run():
+        await scaler.apply({"f1": Target(_spec("f1", 1024), 1, 1, ScaleDecision(2, "SCALE_UP")),
+                            "f2": Target(_spec("f2", 1024), 1, 1, ScaleDecision(2, "SCALE_UP"))})
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert len(scaler.live("f1")) == 2 and len(scaler.live("f2")) == 1 and len(scaler.live("f0")) == 1
+    (took,) = [k["data"] for a, k in events if a[0] == "takeback"]
+    assert took["from"] == "f0" and took["rank"] == "headroom" and took["for"].startswith("f1-")
+    (said,) = [a[1] for a, _ in events if a[0] == "held_short"]
+    assert said.startswith("f2 held short of a replica (headroom")
+    assert scaler.held_short.labels("f2", "headroom")._value.get() == 1
+
+
+def test_a_busy_replica_within_its_need_is_never_taken_for_headroom_or_need():
+    # every function one replica (f7 its own), f0..f7 busy: every slice is a floor; f1's needed
+    # second replica is held short, nothing is taken
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {"f1": 1.0}, two_of_f0=False)
+    assert scaler._busy_holds(*scaler._traffic_and_need(), set()) == []
+    asyncio.run(scaler.apply({"f1": Target(_spec("f1", 1024), 1, 1, ScaleDecision(2, "SCALE_UP"))}))
+    assert len(scaler.live("f1")) == 1 and backend.stopped == []
+    assert [a[1].split(":")[0] for a, _ in events if a[0] == "held_short"] == [
+        "f1 held short of a replica (need, 0 request(s) waiting)"]
