@@ -37,8 +37,9 @@ class Idle(NamedTuple):
 
 class Want(NamedTuple):
     """A replica to place, the requests held at the gateway for its function, and whether its
-    function has no replica (then its requests wait for this one, whatever it costs; a further
-    replica only takes slices whose loss costs less than `max_scale_up_cost`)."""
+    function has no replica (then its requests wait for this one, whatever it costs; in
+    `choose_takebacks` a further replica only takes slices whose loss costs less than
+    `max_scale_up_cost`; the scaler ranks it by its function's need: ReplicaScaler._asks)."""
 
     demand: Demand
     waiting: int = 0
@@ -134,8 +135,9 @@ def idle_holds(idle: Sequence[Idle], now: float, max_scale_up_cost: float = 1.0
 
 
 def want_asks(wants: Sequence[Want]) -> list[Ask]:
-    """The scaler's wants as asks: a function's first replica is its FLOOR; a further one HEADROOM
-    (the scaler does not know the function's need); the requests waiting order them within."""
+    """Wants as asks, knowing no function's need (`choose_takebacks`): a function's first replica
+    is its FLOOR; a further one HEADROOM; the requests waiting order them within. The scaler, which
+    reads each function's need, ranks a further one by it instead (ReplicaScaler._asks)."""
     return [Ask(w.demand, FLOOR if w.first else HEADROOM, float(w.waiting), w.waiting) for w in wants]
 
 
@@ -248,7 +250,8 @@ def share(cluster: SliceCluster, asks: Sequence[Ask], holds: Sequence[Hold]) -> 
 def _why_short(ask: Ask, lower: list[Hold]) -> str:
     rank = RANKS[ask.rank]
     if not lower:
-        return f"no free slice, and every slice serves a {rank} or more (held for {rank})"
+        article = "an" if rank[0] in "aeiou" else "a"
+        return f"no free slice, and every slice serves {article} {rank} or more (held for {rank})"
     return (f"no free slice; the {len(lower)} replica(s) of lower rank than {rank} free no room on one "
             f"device (held for {rank})")
 

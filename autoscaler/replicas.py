@@ -30,7 +30,7 @@ from autoscaler.lending import (
     observe_rate, replica_rank, share,
 )
 from autoscaler.loop import EventSink, Fleet, Target
-from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
+from autoscaler.metrics import ReplicaStat, duty_cycle
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
@@ -95,7 +95,8 @@ class ControllerConfig:
     stop_grace_s: float = LIMITS.graceful_shutdown_s
     # a ready replica that answers no scrape for this long is replaced (a liveness probe)
     unresponsive_s: float = 10.0
-    # a replica that cannot be placed takes slices back from other functions' idle replicas
+    # a replica that cannot be placed takes slices back from other functions' idle replicas, or
+    # busy ones ranked below it (autoscaler.lending.share)
     take_back: bool = True
     # a function's first replica that nothing frees a slice for time-shares a device whose
     # replicas are busy at most this share of its compute (0: never)
@@ -144,14 +145,15 @@ class ReplicaScaler:
         self._seen: set[str] = set()  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
-        self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from an idle replica for a "
-                                 "replica that could not be placed, by function and role (took or gave)",
+        self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from another function's replica "
+                                 "(idle, or busy and ranked below the ask) for a replica that could not be "
+                                 "placed, by function and role (took or gave)",
                                  ["function", "role"], registry=registry)
         self.time_shared = Counter("shoal_time_shared", "First replicas placed beyond a device's compute, "
                                    "time-sharing it, for requests no free or lent slice could serve",
                                    ["function", "device"], registry=registry)
         self.held_short = Counter("shoal_held_short", "Replicas a function wanted that the full cluster could not "
-                                  "place, by function and rank (floor, headroom: what the replica would serve)",
+                                  "place, by function and rank (floor, need, headroom, idle: what the replica would serve)",
                                   ["function", "rank"], registry=registry)
         allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
                           ["device", "emulated"], registry=registry)
@@ -218,13 +220,15 @@ class ReplicaScaler:
 
     def _start(self, starts: list[tuple[str, FunctionSpec, int]]) -> None:
         """Place this tick's new replicas as autoscaler.lending.share grants them: first replicas of
-        functions before further ones, then the most requests held first; one that does not fit
-        takes slices back from other functions' idle replicas (drained and stopped, it starts once
-        they are), so keep-alive holds only capacity nobody is waiting for. A function's first
-        replica that only a kept replica (one whose loss likely costs a late request) could make
-        room for time-shares a quiet device instead, if there is one (`_time_share`); else it takes
-        the kept one. One held short is said (a `held_short` event, at most every 30 s per
-        function, and a metric)."""
+        functions before further ones (those the most requests held first), then further ones by
+        rank (need before headroom: `_asks`) and value; one that does not fit takes slices back
+        from other functions' replicas ranked below it, idle ones (`_idle`) cheapest first and busy
+        ones above their function's need (`_busy_holds`), drained and stopped, and starts once they
+        are; so keep-alive and headroom hold only capacity nobody is waiting for. A function's
+        first replica that only a kept replica (one whose loss likely costs a late request) or a
+        busy one could make room for time-shares a quiet device instead, if there is one
+        (`_time_share`); else it takes them. One held short is said (a `held_short` event, at most
+        every 30 s per function, and a metric)."""
         if not starts:
             return
         now = self.clock()
@@ -234,7 +238,7 @@ class ReplicaScaler:
             want = Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name), name in first)
             wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
-        traffic, need = self._traffic_and_need()
+        traffic, need = self._traffic_and_need({name for name, _, _ in starts})
         asks = self._asks([w for w, _, _ in wants.values()], traffic, need)
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
@@ -242,7 +246,8 @@ class ReplicaScaler:
             holds += self._busy_holds(traffic, need, {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
         # kept or busy above its need. Further replicas go in the last pass, after them, each taking
-        # only what ranks below it (one within its function's need: headroom; one above: cheap idle)
+        # only what ranks below it (one within its function's need: headroom, kept or cheap idle
+        # replicas; one above it: cheap idle ones only)
         pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
         later = [a for a in asks if not wants[a.demand.replica][0].first] if len(pools) > 1 else []
         asks = [a for a in asks if a not in later]
@@ -263,22 +268,23 @@ class ReplicaScaler:
                         self._spawn_task(self._bring_up(replica))
             asks = [a for a in asks if a.demand.replica in short]
 
-    def _traffic_and_need(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Per function, its requests a second in its ready replicas' last window (answered, and in
-        flight or queued at the last scrape) with those held at the gateway, and the replicas that
-        carry its work at the policy's max duty (lending.need_of over their summed duty cycles), as
-        the simulator reads both from its tick (Simulation._traffic_and_need). E.g. two replicas
-        busy 0.8 and 0.7 of the window at max duty 0.9: ceil(1.5 / 0.9) = 2."""
-        busy: dict[str, float] = {}
-        rate: dict[str, float] = {}
+    def _traffic_and_need(self, starting: set[str] = frozenset()) -> tuple[dict[str, float], dict[str, float]]:
+        """Per function with ready replicas scraped twice, or in `starting`: the requests a second
+        that reached its replicas in their last window (answered, plus the rise of those in flight
+        or queued: each request counted once, however long it runs) with those held at the gateway
+        now, and the replicas that carry its work at the policy's max duty (lending.need_of over
+        their summed duty cycles), as the simulator reads both from its tick
+        (Simulation._traffic_and_need). E.g. two replicas busy 0.8 and 0.7 of the window at max
+        duty 0.9: ceil(1.5 / 0.9) = 2; a function at zero with 12 requests held: 12 a second, need 1."""
+        busy = dict.fromkeys(starting, 0.0)
+        rate = dict.fromkeys(starting, 0.0)
         for r in self.replicas.values():
-            if r.state != "ready" or len(r.stats) < 2:
+            if r.state != "ready" or len(r.stats) < 2 or r.stats[1].at <= r.stats[0].at:
                 continue
             prev, cur = r.stats
-            window = max(cur.at - prev.at, self.config.tick_s)
+            arrived = max(0.0, cur.completed - prev.completed + cur.inflight + cur.queued - prev.inflight - prev.queued)
             busy[r.function] = busy.get(r.function, 0.0) + duty_cycle(prev, cur)
-            rate[r.function] = (rate.get(r.function, 0.0) + request_rate(prev, cur)
-                                + (cur.inflight + cur.queued) / window)
+            rate[r.function] = rate.get(r.function, 0.0) + arrived / (cur.at - prev.at)
         traffic = {name: rps + self.router.held(name) / self.config.tick_s for name, rps in rate.items()}
         need = {name: need_of(busy[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
         return traffic, need
@@ -291,10 +297,10 @@ class ReplicaScaler:
         asks, kth = [], {}
         for w in wants:
             name = w.demand.function
+            kth[name] = kth.get(name, len(self.live(name))) + 1
             if w.first:
                 asks.append(Ask(w.demand, FLOOR, float(w.waiting), w.waiting))
                 continue
-            kth[name] = kth.get(name, len(self.live(name))) + 1
             rank, value = replica_rank(kth[name], traffic.get(name, 0.0), need.get(name, 0.0),
                                        float(w.demand.fraction))
             asks.append(Ask(w.demand, rank, value, w.waiting))
@@ -302,17 +308,19 @@ class ReplicaScaler:
 
     def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
         """The ready replicas of functions with requests, but for the idle ones (`idle`: idle_holds
-        has them), ranked by what they serve (lending.replica_rank): a function's replicas counted
-        ready oldest first, so its newest are its headroom. Only NEED and HEADROOM ones: a floor
-        is never taken, and one a window of no requests would rank idle is not lent here (_idle
-        says when one is). A starting replica is not taken: its start is under way."""
+        has them), ranked by what they serve (lending.replica_rank): a function's busy replicas
+        counted first, ready oldest first, its idle ones last, so its newest busy ones are its
+        headroom and a busy one is its floor while it has one (two asks in a tick cannot take an
+        idle replica and its busy floor both). Only NEED and HEADROOM ones: a floor is never taken,
+        and one a window of no requests would rank idle is not lent here (_idle says when one is).
+        A starting replica is not taken: its start is under way."""
         mine: dict[str, list[Replica]] = {}
         for r in self.replicas.values():
             if r.state == "ready" and r.id in self.cluster and traffic.get(r.function, 0.0) > 0:
                 mine.setdefault(r.function, []).append(r)
         holds = []
         for name, replicas in mine.items():
-            replicas.sort(key=lambda r: (r.ready_at or 0.0, r.created_at))
+            replicas.sort(key=lambda r: (r.id in idle, r.ready_at or 0.0, r.created_at))
             for k, r in enumerate(replicas, 1):
                 rank, value = replica_rank(k, traffic[name], need[name], float(r.placement.fraction))
                 if r.id not in idle and rank in (NEED, HEADROOM):
@@ -442,8 +450,8 @@ class ReplicaScaler:
         victim = self.replicas[hold.replica]
         ask = "its first replica" if want.first else "a replica within its need"
         return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} req/s per slice",
-                          f"{want.waiting} request(s) of {want.demand.function} waiting, no free slice and no "
-                          f"idle one; {ask} goes before another function's {RANKS[hold.rank]}",
+                          f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
+                          f"slices or idle replicas alone; {ask} goes before another function's {RANKS[hold.rank]}",
                           {"waiting": want.waiting, "rank": RANKS[hold.rank], "value": hold.value})
 
     def _take(self, victim: Replica, demand: Demand, what: str, why: str, data: dict) -> asyncio.Task:

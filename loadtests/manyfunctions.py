@@ -2,7 +2,7 @@
 slice on a `shoal up` (its own, started here with `--devices emulated:...`, or a running one), drive
 them with `shoal loadtest longtail` (open loop, Zipf-skewed popularity, every request's outcome and
 latency from its send logged by Locust), and print requests, answered, refused (503) and why, SLO
-attainment, cold starts, the slices taken back from idle replicas and the first replicas that
+attainment, cold starts, the slices taken back from other functions' replicas and the first replicas that
 time-shared a device. It talks to Shoal over HTTP
 only; the devices are emulated and every figure it prints says so. Run and results: docs/loadtests.md.
 

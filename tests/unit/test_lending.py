@@ -249,14 +249,19 @@ def _full_scaler(take_back: bool, memory_mib: int | None = None, time_share_busy
     return scaler, backend, router, events
 
 
-def _apply_w(scaler, memory_mib: int | None = None) -> None:
-    target = Target(_spec("w", memory_mib), 1, 1, ScaleDecision(1, "COLD_START"))
-
+def _apply(scaler, desired: dict[str, tuple[int, str]], memory_mib: int | None = None) -> None:
+    """One tick's targets (function -> (replicas, reason)) applied, and the starts and stops it
+    made finished."""
     async def run():
-        await scaler.apply({"w": target})
+        await scaler.apply({name: Target(_spec(name, memory_mib), 1, 1, ScaleDecision(n, reason))
+                            for name, (n, reason) in desired.items()})
         await asyncio.gather(*scaler._tasks)
 
     asyncio.run(run())
+
+
+def _apply_w(scaler, memory_mib: int | None = None) -> None:
+    _apply(scaler, {"w": (1, "COLD_START")}, memory_mib)
 
 
 def test_the_scaler_takes_back_the_cheapest_idle_slice_and_places_the_waiting_function_in_the_tick():
@@ -526,12 +531,7 @@ def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it()
     _all_in_flight(scaler, duty=0.1)
     router._held["f0"] = 3
 
-    async def run():
-        await scaler.apply({"f0": Target(_spec("f0", 1024), 1, 1, ScaleDecision(2, "SCALE_UP")),
-                            "w": Target(_spec("w", 1024), 1, 1, ScaleDecision(1, "COLD_START"))})
-        await asyncio.gather(*scaler._tasks)
-
-    asyncio.run(run())
+    _apply(scaler, {"f0": (2, "SCALE_UP"), "w": (1, "COLD_START")}, 1024)
     assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
     assert [(a[0], k["function"]) for a, k in events if a[0] in ("time_share", "held_short")] == [
         ("time_share", "w"), ("held_short", "f0")]
@@ -564,12 +564,13 @@ def test_a_replica_is_ranked_by_what_it_serves(k, rate, need, rank, value):
     assert replica_rank(k, rate, need, 0.25) == (rank, pytest.approx(value))
 
 
-def _busy(scaler, duty: dict[str, float], two_of_f0: bool = True) -> None:
+def _busy(scaler, duty: dict[str, float]) -> None:
     """Every replica with a request in flight (nothing idle to lend), busy `duty[function]` of the
-    last 1 s (0.2 where not given); with `two_of_f0`, f7's replica becomes f0's second: f0 at 0.2
-    + 0.2 busy needs one replica (ceil(0.4 / 0.9)), so that second one is its headroom."""
+    last 1 s (0.2 where not given), each request arrived in that second; f7's replica becomes f0's
+    second: f0 at 0.2 + 0.2 busy needs one replica (ceil(0.4 / 0.9)), so that second one is its
+    headroom."""
     for r in scaler.replicas.values():
-        if two_of_f0 and r.function == "f7":
+        if r.function == "f7":
             r.function, r.spec = "f0", _spec("f0", 1024)
         r.stats = [ReplicaStat(r.id, 99.0, completed=r.stats[-1].completed),
                    ReplicaStat(r.id, 100.0, completed=r.stats[-1].completed, inflight=1.0,
@@ -600,12 +601,7 @@ def test_a_needed_replica_takes_headroom_and_headroom_takes_none():
     scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
     _busy(scaler, {"f1": 1.0})
 
-    async def run():
-        await scaler.apply({"f1": Target(_spec("f1", 1024), 1, 1, ScaleDecision(2, "SCALE_UP")),
-                            "f2": Target(_spec("f2", 1024), 1, 1, ScaleDecision(2, "SCALE_UP"))})
-        await asyncio.gather(*scaler._tasks)
-
-    asyncio.run(run())
+    _apply(scaler, {"f1": (2, "SCALE_UP"), "f2": (2, "SCALE_UP")}, 1024)
     assert len(scaler.live("f1")) == 2 and len(scaler.live("f2")) == 1 and len(scaler.live("f0")) == 1
     (took,) = [k["data"] for a, k in events if a[0] == "takeback"]
     assert took["from"] == "f0" and took["rank"] == "headroom" and took["for"].startswith("f1-")
@@ -614,13 +610,58 @@ def test_a_needed_replica_takes_headroom_and_headroom_takes_none():
     assert scaler.held_short.labels("f2", "headroom")._value.get() == 1
 
 
-def test_a_busy_replica_within_its_need_is_never_taken_for_headroom_or_need():
-    # every function one replica (f7 its own), f0..f7 busy: every slice is a floor; f1's needed
-    # second replica is held short, nothing is taken
+def test_a_needed_replica_is_never_taken_for_another_functions_need():
+    # f0's two replicas (f7's slot made f0's) are busy the whole second: need ceil(2.0 / 0.9) = 3,
+    # so its second is NEED, not headroom; f1 (need 2) asks for its second, NEED too: it takes
+    # nothing (a floor may take a needed replica, a need may not) and is held short
     scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
-    _busy(scaler, {"f1": 1.0}, two_of_f0=False)
-    assert scaler._busy_holds(*scaler._traffic_and_need(), set()) == []
+    _busy(scaler, {"f0": 1.0, "f1": 1.0})
+    traffic, need = scaler._traffic_and_need()
+    assert need["f0"] == 3 and need["f1"] == 2
+    assert [(h.replica, RANKS[h.rank]) for h in scaler._busy_holds(traffic, need, set())] == [("f7-8", "need")]
     asyncio.run(scaler.apply({"f1": Target(_spec("f1", 1024), 1, 1, ScaleDecision(2, "SCALE_UP"))}))
-    assert len(scaler.live("f1")) == 1 and backend.stopped == []
+    assert len(scaler.live("f1")) == 1 and len(scaler.live("f0")) == 2 and backend.stopped == []
     assert [a[1].split(":")[0] for a, _ in events if a[0] == "held_short"] == [
         "f1 held short of a replica (need, 0 request(s) waiting)"]
+
+
+def test_a_cold_functions_burst_takes_cheap_idle_slices_for_every_replica_it_asks():
+    # w has no replica and 2 requests held; its policy asks for 3 at once. The held requests are
+    # w's traffic (2 a second, need 1): its first is its floor, the two more headroom, and all
+    # three take cheap idle replicas (f2..f7: cost 0), the newest first
+    scaler, backend, router, events = _full_scaler(take_back=True)
+
+    _apply(scaler, {"w": (3, "COLD_START")})
+    assert len(scaler.live("w")) == 3
+    assert sorted(backend.stopped) == ["f5-6", "f6-7", "f7-8"]
+    assert not [a for a, _ in events if a[0] == "held_short"]
+
+
+def test_a_busy_replica_stays_its_functions_floor_beside_an_idle_one():
+    # f0 runs two replicas (f7's slot made f0's): the older, f0-1, had nothing in flight at the
+    # last scrape (idle, lendable), the newer, f7-8, has a request in flight. w and x each ask for
+    # a first replica, nothing else idle, time-sharing off: the busy one counts first, so it is
+    # f0's floor and stays; one of w and x takes the idle f0-1, the other is held short
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {})
+    (older,) = [r for r in scaler.live("f0") if r.id == "f0-1"]
+    older.stats = [ReplicaStat(older.id, 99.0, completed=1.0), ReplicaStat(older.id, 100.0, completed=1.0)]
+    router._held["x"] = 1
+
+    _apply(scaler, {"w": (1, "COLD_START"), "x": (1, "COLD_START")}, 1024)
+    assert [r.id for r in scaler.live("f0")] == ["f7-8"] and backend.stopped == ["f0-1"]
+    assert len(scaler.live("w")) + len(scaler.live("x")) == 1
+    assert [a[0] for a, _ in events if a[0] in ("takeback", "held_short")] == ["takeback", "held_short"]
+
+
+def test_a_replica_still_starting_is_not_taken():
+    # f0's second replica (f7's slot) is still starting: not taken, though it is above f0's need;
+    # w's first replica is held short
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {})
+    (second,) = [r for r in scaler.live("f0") if r.id == "f7-8"]
+    second.state = "starting"
+    assert scaler._busy_holds(*scaler._traffic_and_need(), set()) == []
+    _apply_w(scaler, memory_mib=1024)
+    assert not scaler.live("w") and backend.stopped == []
+    assert [a[0] for a, _ in events if a[0] in ("takeback", "held_short")] == ["held_short"]
