@@ -37,9 +37,8 @@ class Idle(NamedTuple):
 
 class Want(NamedTuple):
     """A replica to place, the requests held at the gateway for its function, and whether its
-    function has no replica (then its requests wait for this one, whatever it costs; in
-    `choose_takebacks` a further replica only takes slices whose loss costs less than
-    `max_scale_up_cost`; the scaler ranks it by its function's need: ReplicaScaler._asks)."""
+    function has no replica (then its requests wait for this one, whatever it costs; a further
+    replica only takes slices whose loss costs less than `max_scale_up_cost`)."""
 
     demand: Demand
     waiting: int = 0
@@ -135,9 +134,10 @@ def idle_holds(idle: Sequence[Idle], now: float, max_scale_up_cost: float = 1.0
 
 
 def want_asks(wants: Sequence[Want]) -> list[Ask]:
-    """Wants as asks, knowing no function's need (`choose_takebacks`): a function's first replica
-    is its FLOOR; a further one HEADROOM; the requests waiting order them within. The scaler, which
-    reads each function's need, ranks a further one by it instead (ReplicaScaler._asks)."""
+    """The scaler's wants as asks: a function's first replica is its FLOOR; a further one HEADROOM,
+    whatever its function's need (ranked NEED, further replicas of two busy functions took each
+    other's replicas in turn live: ReplicaScaler._busy_holds); the requests waiting order them
+    within."""
     return [Ask(w.demand, FLOOR if w.first else HEADROOM, float(w.waiting), w.waiting) for w in wants]
 
 

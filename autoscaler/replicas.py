@@ -3,8 +3,8 @@
 It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
 gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
 keep serving); a replica that cannot be placed takes slices back in the same tick from other
-functions' idle replicas, or from busy ones of a lower rank (a busy function's headroom above its
-need, read from its replicas' duty: autoscaler.lending chooses them), and a function's first replica that
+functions' idle replicas, and a function's first replica also from busy ones above their function's
+need (its headroom, read from its replicas' scrapes; autoscaler.lending chooses them), and a first replica that
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
 busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas
 that died or whose function went away, and backs off a function whose replicas fail to start.
@@ -26,8 +26,8 @@ from typing import Any, Callable, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
-    FLOOR, HEADROOM, IDLE, NEED, RANKS, Ask, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, need_of,
-    observe_rate, replica_rank, share,
+    HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, need_of, observe_rate,
+    replica_rank, share, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import ReplicaStat, duty_cycle
@@ -220,15 +220,15 @@ class ReplicaScaler:
 
     def _start(self, starts: list[tuple[str, FunctionSpec, int]]) -> None:
         """Place this tick's new replicas as autoscaler.lending.share grants them: first replicas of
-        functions before further ones (those the most requests held first), then further ones by
-        rank (need before headroom: `_asks`) and value; one that does not fit takes slices back
-        from other functions' replicas ranked below it, idle ones (`_idle`) cheapest first and busy
-        ones above their function's need (`_busy_holds`), drained and stopped, and starts once they
-        are; so keep-alive and headroom hold only capacity nobody is waiting for. A function's
-        first replica that only a kept replica (one whose loss likely costs a late request) or a
-        busy one could make room for time-shares a quiet device instead, if there is one
-        (`_time_share`); else it takes them. One held short is said (a `held_short` event, at most
-        every 30 s per function, and a metric)."""
+        functions before further ones, then the most requests held first; one that does not fit
+        takes slices back from other functions' idle replicas (`_idle`; drained and stopped, it
+        starts once they are), so keep-alive holds only capacity nobody is waiting for. A
+        function's first replica that only a kept replica (one whose loss likely costs a late
+        request) or a busy one could make room for time-shares a quiet device instead, if there is
+        one (`_time_share`); else it takes them: a busy function's replicas above its need, its
+        headroom, before its needed ones (`_busy_holds`), never a floor. A further replica takes
+        only cheap idle ones. One held short is said (a `held_short` event, at most every 30 s per
+        function, and a metric)."""
         if not starts:
             return
         now = self.clock()
@@ -238,16 +238,14 @@ class ReplicaScaler:
             want = Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name), name in first)
             wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
-        traffic, need = self._traffic_and_need({name for name, _, _ in starts})
-        asks = self._asks([w for w, _, _ in wants.values()], traffic, need)
+        asks = want_asks([w for w, _, _ in wants.values()])
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
-        if self.config.take_back:
-            holds += self._busy_holds(traffic, need, {h.replica for h in holds})
+        if self.config.take_back:  # busy replicas: ranked headroom or need, only a first replica takes one
+            holds += self._busy_holds(*self._traffic_and_need(), {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
-        # kept or busy above its need. Further replicas go in the last pass, after them, each taking
-        # only what ranks below it (one within its function's need: headroom, kept or cheap idle
-        # replicas; one above it: cheap idle ones only)
+        # kept, or busy above or within its function's need. Further replicas (headroom) only ever
+        # take cheap idle ones: they go in the last pass, after them
         pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
         later = [a for a in asks if not wants[a.demand.replica][0].first] if len(pools) > 1 else []
         asks = [a for a in asks if a not in later]
@@ -268,43 +266,34 @@ class ReplicaScaler:
                         self._spawn_task(self._bring_up(replica))
             asks = [a for a in asks if a.demand.replica in short]
 
-    def _traffic_and_need(self, starting: set[str] = frozenset()) -> tuple[dict[str, float], dict[str, float]]:
-        """Per function with ready replicas scraped twice, or in `starting`: the requests a second
-        that reached its replicas in their last window (answered, plus the rise of those in flight
-        or queued: each request counted once, however long it runs) with those held at the gateway
-        now, and the replicas that carry its work at the policy's max duty (lending.need_of over
-        their summed duty cycles), as the simulator reads both from its tick
-        (Simulation._traffic_and_need). E.g. two replicas busy 0.8 and 0.7 of the window at max
-        duty 0.9: ceil(1.5 / 0.9) = 2; a function at zero with 12 requests held: 12 a second, need 1."""
-        busy = dict.fromkeys(starting, 0.0)
-        rate = dict.fromkeys(starting, 0.0)
+    def _traffic_and_need(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per function with ready replicas scraped twice: the requests a second that reached its
+        replicas in their last window (answered, plus the rise of those in flight or queued: each
+        request counted once, however long it runs) with those held at the gateway now, and the
+        replicas that carry its work at the policy's max duty (lending.need_of), as the simulator
+        reads both from its tick (Simulation._traffic_and_need). The work is what the window's
+        arrivals brought: their rate x the seconds a request kept a replica busy (busy seconds
+        over requests answered), not the replicas' duty, which a backlog holds at 1 whatever the
+        arrivals (a function draining one would read a replica more than it has, and none of its
+        replicas would be headroom). E.g. 41 requests a second of 20 ms: 0.82 busy seconds a
+        second, at max duty 0.9 one replica."""
+        busy: dict[str, float] = {}
+        answered: dict[str, float] = {}
+        arrived: dict[str, float] = {}
         for r in self.replicas.values():
             if r.state != "ready" or len(r.stats) < 2 or r.stats[1].at <= r.stats[0].at:
                 continue
             prev, cur = r.stats
-            arrived = max(0.0, cur.completed - prev.completed + cur.inflight + cur.queued - prev.inflight - prev.queued)
-            busy[r.function] = busy.get(r.function, 0.0) + duty_cycle(prev, cur)
-            rate[r.function] = rate.get(r.function, 0.0) + arrived / (cur.at - prev.at)
-        traffic = {name: rps + self.router.held(name) / self.config.tick_s for name, rps in rate.items()}
-        need = {name: need_of(busy[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
+            elapsed = cur.at - prev.at
+            came = cur.completed - prev.completed + cur.inflight + cur.queued - prev.inflight - prev.queued
+            busy[r.function] = busy.get(r.function, 0.0) + max(0.0, cur.busy_s - prev.busy_s) / elapsed
+            answered[r.function] = answered.get(r.function, 0.0) + max(0.0, cur.completed - prev.completed) / elapsed
+            arrived[r.function] = arrived.get(r.function, 0.0) + max(0.0, came) / elapsed
+        traffic = {name: rps + self.router.held(name) / self.config.tick_s for name, rps in arrived.items()}
+        work = {name: arrived[name] * busy[name] / answered[name] if answered[name] > 0 else busy[name]
+                for name in arrived}
+        need = {name: need_of(work[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
         return traffic, need
-
-    def _asks(self, wants: list[Want], traffic: dict[str, float], need: dict[str, float]) -> list[Ask]:
-        """The tick's wants as asks: a function's first replica its FLOOR, valued by the requests
-        held for it; a further one ranked and valued by what it would serve (lending.replica_rank:
-        NEED within its function's need, HEADROOM above, IDLE without requests), counted after its
-        function's live replicas, as the simulator ranks them."""
-        asks, kth = [], {}
-        for w in wants:
-            name = w.demand.function
-            kth[name] = kth.get(name, len(self.live(name))) + 1
-            if w.first:
-                asks.append(Ask(w.demand, FLOOR, float(w.waiting), w.waiting))
-                continue
-            rank, value = replica_rank(kth[name], traffic.get(name, 0.0), need.get(name, 0.0),
-                                       float(w.demand.fraction))
-            asks.append(Ask(w.demand, rank, value, w.waiting))
-        return asks
 
     def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
         """The ready replicas of functions with requests, but for the idle ones (`idle`: idle_holds
@@ -445,10 +434,11 @@ class ReplicaScaler:
                           {"waiting": tb.waiting, "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
 
     def _take_busy(self, hold: Hold, want: Want) -> asyncio.Task:
-        """A busy victim of a lower rank than the ask (lending.share): _take. Its requests in flight
-        finish in the drain; its function's next look sees one replica fewer and asks again."""
+        """A busy victim of a lower rank than the ask, a function's first replica (lending.share):
+        _take. Its requests in flight finish in the drain; its function's next look sees one
+        replica fewer and asks again."""
         victim = self.replicas[hold.replica]
-        ask = "its first replica" if want.first else "a replica within its need"
+        ask = "its first replica" if want.first else "a further replica"
         return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} req/s per slice",
                           f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
                           f"slices or idle replicas alone; {ask} goes before another function's {RANKS[hold.rank]}",
