@@ -9,7 +9,8 @@ while the next arrival is likely), becomes a loan of capacity nobody waits for. 
 (`share`): every replica ranked by what it serves (a function's floor, its need, headroom, idle),
 asks granted highest first, each taking back only lower-ranked replicas of other functions, and
 those held short said with why; what a busy replica serves is `replica_rank` over its function's
-`need_of`. The scaler (autoscaler.replicas) and the simulator rank and act on it alike.
+`need_of`. The scaler (autoscaler.replicas) and the simulator act on it and rank busy replicas
+alike; the simulator also ranks further asks by need, the scaler asks them as headroom.
 Pure: stdlib and placement; no I/O, no clock.
 """
 
@@ -164,7 +165,7 @@ def replica_rank(k: int, rate: float, need: float, slice_fraction: float) -> tup
     HEADROOM above; the value the requests per second it carries per slice (its share of the
     rate: rate / need within the need, rate / k above it). IDLE, value 0, without requests (an
     idle replica is valued by its take-back cost instead: takeback_cost). The simulator and the
-    scaler rank by it alike.
+    scaler rank busy replicas by it alike.
     // 40 rps, need 2, slice 1/4: the 2nd NEED, 40 / 2 / 0.25 = 80; the 3rd HEADROOM, 40 / 3 / 0.25 = 53.3"""
     if rate <= 0:
         return IDLE, 0.0

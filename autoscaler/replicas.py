@@ -3,10 +3,11 @@
 It places each new replica on a slice, starts it through a `ReplicaBackend`, adds it to the
 gateway's routing table when ready, and drains and stops surplus ones, newest first (warm replicas
 keep serving); a replica that cannot be placed takes slices back in the same tick from other
-functions' idle replicas, and a function's first replica also from busy ones above their function's
-need (its headroom, read from its replicas' scrapes; autoscaler.lending chooses them), and a first replica that
+functions' idle replicas (autoscaler.lending chooses them), and a function's first replica that
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
-busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at); it reaps replicas
+busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at), else takes a busy
+function's replica: its headroom above its need, read from its replicas' scrapes, else a needed
+one, never its floor; it reaps replicas
 that died or whose function went away, and backs off a function whose replicas fail to start.
 Written against interfaces declared here and implemented in `deploy.local` (the backend) and
 `serving` (the gateway): imports neither.
@@ -153,7 +154,7 @@ class ReplicaScaler:
                                    "time-sharing it, for requests no free or lent slice could serve",
                                    ["function", "device"], registry=registry)
         self.held_short = Counter("shoal_held_short", "Replicas a function wanted that the full cluster could not "
-                                  "place, by function and rank (floor, need, headroom, idle: what the replica would serve)",
+                                  "place, by function and rank (floor, headroom: what the replica would serve)",
                                   ["function", "rank"], registry=registry)
         allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
                           ["device", "emulated"], registry=registry)
@@ -225,8 +226,9 @@ class ReplicaScaler:
         starts once they are), so keep-alive holds only capacity nobody is waiting for. A
         function's first replica that only a kept replica (one whose loss likely costs a late
         request) or a busy one could make room for time-shares a quiet device instead, if there is
-        one (`_time_share`); else it takes them: a busy function's replicas above its need, its
-        headroom, before its needed ones (`_busy_holds`), never a floor. A further replica takes
+        one (`_time_share`); else it takes them, lowest rank first: a busy function's replica above
+        its need (its headroom: `_busy_holds`), then a kept one, then a busy function's needed
+        replica; never a floor. A further replica takes
         only cheap idle ones. One held short is said (a `held_short` event, at most every 30 s per
         function, and a metric)."""
         if not starts:
@@ -275,8 +277,8 @@ class ReplicaScaler:
         arrivals brought: their rate x the seconds a request kept a replica busy (busy seconds
         over requests answered), not the replicas' duty, which a backlog holds at 1 whatever the
         arrivals (a function draining one would read a replica more than it has, and none of its
-        replicas would be headroom). E.g. 41 requests a second of 20 ms: 0.82 busy seconds a
-        second, at max duty 0.9 one replica."""
+        replicas would be headroom); with nothing answered in the window, its busy seconds. E.g.
+        41 requests a second of 20 ms: 0.82 busy seconds a second, at max duty 0.9 one replica."""
         busy: dict[str, float] = {}
         answered: dict[str, float] = {}
         arrived: dict[str, float] = {}
@@ -325,7 +327,7 @@ class ReplicaScaler:
             device = self.replicas[v.replica].placement.device
             if v.replica in found:  # idle: priced by its take-back cost
                 task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
-            else:  # busy, above its function's need (or within it, for a function's first replica)
+            else:  # busy: only a first replica takes one
                 task = self._take_busy(v, want)
             if not device.emulated:  # a real device's memory is free once the victim stopped
                 stopping.append(task)
@@ -438,10 +440,10 @@ class ReplicaScaler:
         _take. Its requests in flight finish in the drain; its function's next look sees one
         replica fewer and asks again."""
         victim = self.replicas[hold.replica]
-        ask = "its first replica" if want.first else "a further replica"
         return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} req/s per slice",
                           f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
-                          f"slices or idle replicas alone; {ask} goes before another function's {RANKS[hold.rank]}",
+                          f"slices or idle replicas alone; its first replica goes before another function's "
+                          f"{RANKS[hold.rank]}",
                           {"waiting": want.waiting, "rank": RANKS[hold.rank], "value": hold.value})
 
     def _take(self, victim: Replica, demand: Demand, what: str, why: str, data: dict) -> asyncio.Task:

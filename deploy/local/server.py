@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick-s", type=float, default=1.0, help="controller tick (default 1 s)")
     p.add_argument("--no-take-back", action="store_true",
                    help="a replica that cannot be placed does not take slices back from other functions' "
-                        "replicas, idle or busy above their need (for comparison; requests waiting for it are refused)")
+                        "replicas, idle or busy (for comparison; requests waiting for it are refused)")
     p.add_argument("--time-share-busy", type=float, default=ControllerConfig().time_share_busy,
                    help="a function's first replica that no free or lent slice can take time-shares a device "
                         "whose replicas are busy at most this share of its compute (default 0.5; 0: never, "

@@ -594,6 +594,16 @@ def test_a_first_replica_takes_a_busy_functions_headroom_when_nothing_is_idle():
     assert not [a for a, _ in events if a[0] == "held_short"]
 
 
+def test_a_quiet_device_is_time_shared_before_a_busy_replica_is_taken():
+    # f0's second replica is headroom, but every device is busy 20 % (under time_share_busy 0.5):
+    # w's first replica time-shares rather than take it
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.5)
+    _busy(scaler, {})
+    _apply_w(scaler, memory_mib=1024)
+    assert backend.stopped == [] and len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 2
+    assert [a[0] for a, _ in events if a[0] in ("time_share", "takeback", "held_short")] == ["time_share"]
+
+
 def test_a_further_replica_takes_no_busy_replica():
     # f1 busy the whole second needs two replicas (ceil(1.0 / 0.9)) and f2 (busy 0.2) one; both
     # ask for a second. Nothing is idle: neither takes f0's headroom. Only a first replica takes a
@@ -648,6 +658,8 @@ def test_a_busy_replica_stays_its_functions_floor_beside_an_idle_one():
     (older,) = [r for r in scaler.live("f0") if r.id == "f0-1"]
     older.stats = [ReplicaStat(older.id, 99.0, completed=1.0), ReplicaStat(older.id, 100.0, completed=1.0)]
     router._held["x"] = 1
+    # the idle f0-1 is offered as idle only, not also as f0's busy headroom (share's pool is by replica)
+    assert scaler._busy_holds(*scaler._traffic_and_need(), {"f0-1"}) == []
 
     _apply(scaler, {"w": (1, "COLD_START"), "x": (1, "COLD_START")}, 1024)
     assert [r.id for r in scaler.live("f0")] == ["f7-8"] and backend.stopped == ["f0-1"]
