@@ -1,19 +1,21 @@
 """The real-GPU paths, on a machine with an NVIDIA GPU and PyTorch (skipped elsewhere: CI and the
 development machines have none): NVML's inventory against nvidia-smi, a TorchScript replica on a
 GPU slice (its answers against the CPU's, its CUDA memory capped to the slice's budget), the MPS
-limits that a slice's environment sets when an MPS daemon runs, and `shoal up --devices auto`
-placing a function on the GPU and serving it from zero. `make test-gpu`; the runs are recorded in
-docs/gpu.md.
+limits that a slice's environment sets when an MPS daemon runs, `shoal up --devices auto`
+placing a function on the GPU and serving it from zero, and its replicas as MPS clients where a
+daemon runs. `make test-gpu`; the runs are recorded in docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -224,5 +226,38 @@ def test_shoal_up_places_a_function_on_the_gpu_and_serves_it_from_zero(tmp_path,
                 warm.append(time.monotonic() - t)
             print(f"warm p50 {1000 * sorted(warm)[10]:.1f} ms over 20 requests")
             wait_for(lambda: client.status()["functions"]["scorer"]["replicas"] == [], 60, "scale to zero")
+    finally:
+        assert plane.stop() == 0
+
+
+def test_shoal_up_replicas_run_as_mps_clients_when_a_daemon_runs(tmp_path, scorer, mps, monkeypatch):
+    """Where an MPS daemon runs (shoal up starts none), the replicas shoal up starts are its
+    clients: the slice's limits reach them through the zygote's fork (deploy.local.backend
+    replica_env), two replicas at 1/2 share the GPU and answer right."""
+    path, x, want = scorer
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.setenv(key, mps[key])
+    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    try:
+        with plane.client() as client:
+            client.deploy(path, "scorer", slice="1/2:4096", min_replicas=2, idle_to_zero_s=60)
+
+            def both_ready() -> bool:
+                replicas = client.status()["functions"]["scorer"]["replicas"]
+                return len(replicas) == 2 and all(r["state"] == "ready" for r in replicas)
+
+            wait_for(both_ready, 120, "two replicas ready")
+            for _ in range(10):
+                r = client.invoke("scorer", _infer_body(x))
+                assert r.status_code == 200, r.text
+                np.testing.assert_allclose(_output(r.json()), want, rtol=1e-4, atol=1e-6)
+            assert {r["device"] for r in client.status()["functions"]["scorer"]["replicas"]} == {"gpu:0"}
+        log = (Path(mps["CUDA_MPS_LOG_DIRECTORY"]) / "control.log").read_text()
+        clients = set(re.findall(r"NEW CLIENT (\d+)", log))
+        print(f"MPS clients: {sorted(clients)}")
+        assert len(clients) >= 2, log[-2000:]
+        servers = subprocess.run(["nvidia-cuda-mps-control"], input="get_server_list\n", env=mps, text=True,
+                                 capture_output=True, timeout=30).stdout.split()
+        assert servers, "no MPS server while two replicas ran"
     finally:
         assert plane.stop() == 0
