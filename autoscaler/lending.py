@@ -136,8 +136,8 @@ def idle_holds(idle: Sequence[Idle], now: float, max_scale_up_cost: float = 1.0
 
 def want_asks(wants: Sequence[Want]) -> list[Ask]:
     """The scaler's wants as asks: a function's first replica is its FLOOR; a further one HEADROOM,
-    whatever its function's need (ranked NEED, further replicas of two busy functions took each
-    other's replicas in turn live: ReplicaScaler._busy_holds); the requests waiting order them
+    whatever its function's need (ranked NEED live, the further replicas of two busy functions
+    took each other's replicas in turn: docs/benchmarks.md); the requests waiting order them
     within."""
     return [Ask(w.demand, FLOOR if w.first else HEADROOM, float(w.waiting), w.waiting) for w in wants]
 

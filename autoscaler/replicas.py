@@ -7,8 +7,8 @@ functions' idle replicas (autoscaler.lending chooses them), and a function's fir
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
 busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at), else takes a busy
 function's replica: its headroom above its need, read from its replicas' scrapes, else a needed
-one, never its floor; it reaps replicas
-that died or whose function went away, and backs off a function whose replicas fail to start.
+one, never its floor; it reaps replicas that died or whose function went away, and backs off a
+function whose replicas fail to start.
 Written against interfaces declared here and implemented in `deploy.local` (the backend) and
 `serving` (the gateway): imports neither.
 """
@@ -31,7 +31,7 @@ from autoscaler.lending import (
     replica_rank, share, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
-from autoscaler.metrics import ReplicaStat, duty_cycle
+from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
 from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
@@ -228,9 +228,8 @@ class ReplicaScaler:
         request) or a busy one could make room for time-shares a quiet device instead, if there is
         one (`_time_share`); else it takes them, lowest rank first: a busy function's replica above
         its need (its headroom: `_busy_holds`), then a kept one, then a busy function's needed
-        replica; never a floor. A further replica takes
-        only cheap idle ones. One held short is said (a `held_short` event, at most every 30 s per
-        function, and a metric)."""
+        replica; never a floor. A further replica takes only cheap idle ones. One held short is
+        said (a `held_short` event, at most every 30 s per function, and a metric)."""
         if not starts:
             return
         now = self.clock()
@@ -289,7 +288,7 @@ class ReplicaScaler:
             elapsed = cur.at - prev.at
             came = cur.completed - prev.completed + cur.inflight + cur.queued - prev.inflight - prev.queued
             busy[r.function] = busy.get(r.function, 0.0) + max(0.0, cur.busy_s - prev.busy_s) / elapsed
-            answered[r.function] = answered.get(r.function, 0.0) + max(0.0, cur.completed - prev.completed) / elapsed
+            answered[r.function] = answered.get(r.function, 0.0) + request_rate(prev, cur)
             arrived[r.function] = arrived.get(r.function, 0.0) + max(0.0, came) / elapsed
         traffic = {name: rps + self.router.held(name) / self.config.tick_s for name, rps in arrived.items()}
         work = {name: arrived[name] * busy[name] / answered[name] if answered[name] > 0 else busy[name]

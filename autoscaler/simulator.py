@@ -1258,11 +1258,9 @@ class Simulation:
 
     def _ranks(self, fids: np.ndarray, k: np.ndarray, traffic: np.ndarray, need: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
-        """The rank and value of the k-th replica (1 the first) of each of `fids` that has traffic:
-        FLOOR for its first, NEED up to its need, HEADROOM above; the value the requests per second
-        it carries per slice (its share of the function's: rate / need within the need, rate / k
-        above it). A function without traffic: IDLE, value 0 (a pre-warm fits only a free slice; an
-        idle replica's value is its take-back cost, _holds)."""
+        """The rank and value of the k-th replica (1 the first) of each of `fids`
+        (lending.replica_rank). A function without traffic ranks IDLE, value 0: a pre-warm fits
+        only a free slice; an idle replica's value is its take-back cost (_holds)."""
         ranked = [replica_rank(kth, float(traffic[f]), float(need[f]), self._slice_of[f])
                   for kth, f in zip(k.tolist(), fids.tolist())]
         ranks = np.array([r for r, _ in ranked], dtype=np.int64)

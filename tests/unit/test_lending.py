@@ -8,6 +8,7 @@ import math
 from fractions import Fraction
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -550,7 +551,7 @@ def test_a_further_replica_is_never_time_shared_and_a_first_one_goes_before_it()
 ])
 def test_need_is_busy_seconds_over_max_duty_rounded_up(busy, active, expected):
     assert need_of(busy, 0.9, active) == expected
-    np = pytest.importorskip("numpy")  # the simulator's every function at once: the same numbers
+    # the simulator's every function at once: the same numbers
     assert need_of(np.array([busy]), 0.9, np.array([active]))[0] == expected
 
 
