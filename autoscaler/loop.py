@@ -140,10 +140,26 @@ class Memory:
         self.cold.clear()
 
 
-def policy_table(table: BatchTable) -> BatchTable:
-    """A learned table as decide() reads it: one of a single size says nothing of how a batch
-    grows, so none until two (the simulator reads its learned tables the same way)."""
-    return table if len(table) > 1 else ()
+def policy_table(table: BatchTable, max_rows: int = 1) -> BatchTable:
+    """A learned table as decide() reads it (the simulator reads its learned tables the same
+    way): one of a single size says nothing of how a batch grows, so none until two; one whose
+    largest size is under half the function's largest batch (`max_rows`, its max_batch_size:
+    its replicas never had a queue) is carried on to it along the line through its smallest
+    and largest sizes. A batcher with no queue delay runs the batches its load forms, so
+    replicas that never had more than two requests queued teach nothing of batches of 8;
+    sized on what they taught, the load is spread thinner and the batches get smaller still
+    (docs/benchmarks.md, "shoal up's batcher"). The line overstates a batch that grows cheaper
+    per row, and a larger batch, once one runs, is learned; two sizes close together carry
+    their timing noise far (docs/benchmarks.md says how far). A table that reached half the
+    largest batch, or whose larger size ran no slower, is read as learned. E.g. ((1, .040),
+    (1.5, .0457)), max 8: .0457 + (8 - 1.5) x .0114 = .1198 s for 8 rows; ((1, .040),
+    (4, .074)), max 8: as learned."""
+    if len(table) < 2:
+        return ()
+    (r0, s0), (r1, s1) = table[0], table[-1]
+    if 2 * r1 >= max_rows or r1 <= r0 or s1 <= s0:  # only a batch seen to grow is carried on
+        return table
+    return table + ((float(max_rows), s1 + (s1 - s0) / (r1 - r0) * (max_rows - r1)),)
 
 
 class LoopMetrics:
@@ -226,7 +242,7 @@ class Loop:
         table = self.memory.learn(name, slice_fraction, reading.batch)
         cold_s = fleet.started_s if fleet.started_s is not None else self.memory.cold.latest.get(name)
         return reading.snapshot._replace(slice_fraction=slice_fraction, cold_start_s=cold_s,
-                                         batch_latency_s=policy_table(table))
+                                         batch_latency_s=policy_table(table, spec.batching.max_batch_size))
 
     def _record(self, targets: dict[str, Target], changed: dict[str, int]) -> None:
         """An event and a count only when something was done."""

@@ -14,6 +14,7 @@ docs/design/simulator.md.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
@@ -44,6 +45,7 @@ from functions.spec import ScalingSpec
 RATE_WINDOW_S = ControllerConfig().rate_window_s
 TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
+BATCHERS = ("rule", "exact")  # SimConfig.batcher
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
 GATEWAY_BOUNDS = np.array(LATENCY_BUCKETS_S + (math.inf,))  # the histogram the controller reads p95 from
@@ -102,8 +104,15 @@ class SimConfig:
     # a function's first replica that no slice can take time-shares a device busy at most this
     # much (ControllerConfig.time_share_busy, for a policy that lends; 0: never)
     time_share_busy: float = TIME_SHARE_BUSY
+    # how a batching replica forms its batches: "rule", batch_size's occupancy rule (the tick's
+    # batch, the size that keeps the replica at most BATCH_FILL busy, grown for requests queued
+    # behind others: an idealized batcher); "exact", shoal up's own batcher with no queue delay
+    # (serving/batch_loop.py: when a replica frees it runs what is queued, up to its largest batch)
+    batcher: str = "rule"
 
     def __post_init__(self) -> None:
+        if self.batcher not in BATCHERS:
+            raise ValueError(f"batcher {self.batcher!r} must be one of {', '.join(BATCHERS)}")
         if not 0 <= self.time_share_busy <= 1:
             raise ValueError(f"time_share_busy ({self.time_share_busy}) must be within [0, 1]")
         if self.gpu_memory_mib < 1:
@@ -473,6 +482,7 @@ class Simulation:
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
+        self._by_rows: dict[tuple[int, int], list[float]] = {}  # _batch_seconds
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
@@ -688,15 +698,23 @@ class Simulation:
         slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]  # by function, earliest free first
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
         service, latency_extra = self._service_times(n_f, slots, t0, dt, stretch)
+        parts = []
+        batching = self._batching[f] if self.config.batcher == "exact" else np.zeros(len(f), bool)
+        if batching.any():
+            parts.append(self._serve_batches(a[batching], f[batching], slots, offset, stretch))
+            a, f = a[~batching], f[~batching]
+            n_rest = np.bincount(f, minlength=len(self.profiles))
+            first = np.cumsum(n_rest) - n_rest
+        else:
+            n_rest = n_f
         # the interleaved solution is exact when the servers' free times (none earlier than the
         # first request) lie within one service time of each other; otherwise (a replica still
         # starting, or a new one beside busy ones) the function is served one request at a time
-        present = np.flatnonzero(n_f)
+        present = np.flatnonzero(n_rest)
         earliest = np.maximum(srv.free[slots[offset[present]]], a[first[present]])
         latest = np.maximum(srv.free[slots[offset[present] + self.n_srv[present] - 1]], a[first[present]])
         uneven = np.zeros(len(self.profiles), bool)
         uneven[present] = latest - earliest > service[present] + 1e-12
-        parts = []
         if uneven.any():
             mask = uneven[f]
             parts.append(self._serve_one_by_one(a[mask], f[mask], slots, offset, service, latency_extra))
@@ -807,6 +825,38 @@ class Simulation:
                 srv.free[slot] = free
         return f, latency, occupied, rows
 
+    def _serve_batches(self, a, f, slots, offset, stretch):
+        """Batching functions' requests as shoal up's batcher serves them (SimConfig.batcher
+        "exact"): serve_batched per function, on its replicas as they are (a replica still starting
+        frees at its ready time), each at its speed on its slice. Live, the gateway sends each
+        request to the replica with the fewest outstanding, where it queues; the simulator keeps one
+        queue per function, served by the replica that frees first: with one replica the same."""
+        srv = self.servers
+        latency, occupied, rows = np.empty(len(a)), np.empty(len(a)), np.empty(len(a))
+        bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            fid = int(f[lo])
+            mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
+            speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
+            sizes, ends, busy, frees = serve_batched(a[lo:hi].tolist(), srv.free[mine].tolist(), speed.tolist(),
+                                                     self._batch_seconds(fid, int(self.max_batch[fid])))
+            srv.free[mine] = frees
+            size = np.array(sizes, float)
+            latency[lo:hi] = np.repeat(ends, sizes) - a[lo:hi]
+            occupied[lo:hi] = np.repeat(np.array(busy) / size, sizes)  # a request's share of its batch
+            rows[lo:hi] = np.repeat(size, sizes)
+        return f, latency, occupied, rows
+
+    def _batch_seconds(self, fid: int, top: int) -> list[float]:
+        """A batch's seconds at 1 .. top rows on the function's reference slice (its profile,
+        interpolated), kept per latency table and top."""
+        key = (int(self._lat_group[fid]), top)
+        cached = self._by_rows.get(key)
+        if cached is None:
+            cached = self._by_rows[key] = self._latency_s(np.arange(1, top + 1, dtype=float),
+                                                          np.full(top, fid)).tolist()
+        return cached
+
     def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float, float]] | None:
         """(occupancy, rest of the batch, rows) for a request with 0, 1, ... requests ahead of
         it: a batch of max(the tick's batch, ahead + 1) rows, up to the largest; None when the
@@ -844,7 +894,8 @@ class Simulation:
         per_replica = (n_f + queued) / np.where(serving > 0.05, serving, np.maximum(self.n_srv, 1)) / dt
         batch = np.ones(n)
         # only functions that batch and have work iterate (most of a large population is idle in a tick)
-        busy = np.flatnonzero((per_replica > 0) & (self.max_batch > 1))
+        busy = np.flatnonzero((per_replica > 0) & (self.max_batch > 1)) if self.config.batcher == "rule" \
+            else np.zeros(0, np.int64)  # the exact batcher forms its own (_serve_batches)
         if len(busy):
             load = per_replica[busy] * speed[busy] / BATCH_FILL  # arrivals per second of batch latency, over the fill
             top, b = self.max_batch[busy], np.ones(len(busy))
@@ -932,7 +983,7 @@ class Simulation:
             before = known.get(names[fid])
             table = learn(names[fid], slices[fid], (size, secs))
             settled[fid] = (size, secs) if before is not None and before[1] == table else (math.nan, math.nan)
-            tables[fid] = policy_table(table)
+            tables[fid] = policy_table(table, int(self.max_batch[fid]))
 
     def _count_cold_starts(self, a: np.ndarray, f: np.ndarray) -> None:
         """A start from zero that a request of the tick (or one held before) waited for, i.e.
@@ -1055,7 +1106,8 @@ class Simulation:
             # new replicas get the new slice; what was learned on the old one is forgotten, as
             # the live loop forgets it at its next look (loop.Memory.learn)
             self._slice_of[fid] = decision.slice_fraction
-            self._tables[fid] = policy_table(self.memory.learn(self._names[fid], decision.slice_fraction, None))
+            self._tables[fid] = policy_table(self.memory.learn(self._names[fid], decision.slice_fraction, None),
+                                             int(self.max_batch[fid]))
             self._settled[fid] = math.nan
         current = len(self.slots[fid])  # n_srv[fid]
         if decision.desired == current:
@@ -1320,10 +1372,12 @@ def _hist_quantile(hist: np.ndarray, q: float) -> float | None:
 # ---------------------------------------------------------------------- scheduled baselines
 
 
-def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float) -> dict[int, dict[int, int]]:
+def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float,
+                  batcher: str = "rule") -> dict[int, dict[int, int]]:
     """Perfect foresight, no cold start: for every tick with requests, the fewest replicas
     with which every request of that tick (starting from idle replicas) meets its SLO and
-    the tick's work fits in the tick; zero in ticks without requests. {fid: {tick: replicas}}.
+    the tick's work fits in the tick, batches formed as SimConfig.batcher `batcher` forms them;
+    zero in ticks without requests. {fid: {tick: replicas}}.
     E.g. 10 requests at once, 4 ms each, SLO 10 ms: 2 replicas finish the 5th at 20 ms, 4
     replicas finish the 3rd at 12 ms, 5 finish every one by 8 ms -> 5."""
     out: dict[int, dict[int, int]] = {}
@@ -1333,8 +1387,42 @@ def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float) -> dict[
     bounds = np.flatnonzero(np.r_[True, (fids[1:] != fids[:-1]) | (ticks[1:] != ticks[:-1]), True])
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         fid, tick = int(fids[lo]), int(ticks[lo])
-        out.setdefault(fid, {})[tick] = _fewest_replicas(times[lo:hi], profiles[fid], tick_s)
+        out.setdefault(fid, {})[tick] = _fewest_replicas(times[lo:hi], profiles[fid], tick_s, batcher)
     return out
+
+
+def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: list[float]
+                  ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """shoal up's batcher with no queue delay (serving/batch_loop.py), exactly: requests at `times`
+    (ascending) queue in one FIFO; the replica that frees first (free at `frees`, running
+    `speeds` times the reference) runs what is queued then, up to len(`seconds`) rows, a batch of
+    b rows taking seconds[b - 1] x its speed; an idle one runs a request as it comes, with any that
+    came at the same instant. One batch at a time per replica. Returns, per batch in order, its
+    rows, its end and its seconds, and each replica's free time after. E.g. one replica free at 0,
+    batches (1, 40 ms) and (8, 120 ms), arrivals at 0, 10, 20 and 30 ms: the first runs alone,
+    done at 40 ms; the three queued by then run as one batch of 3, 40 + 2/7 x 80 = 62.9 ms, done
+    at 102.9 ms. Pure: the simulator's replicas (Simulation._serve_batches) and the oracle's count
+    (_fewest_replicas) both run it."""
+    heap = [(free, k) for k, free in enumerate(frees)]
+    heapq.heapify(heap)
+    top, m, i = len(seconds), len(times), 0
+    sizes: list[int] = []
+    ends: list[float] = []
+    busy: list[float] = []
+    while i < m:
+        free, k = heap[0]
+        t = free if free > times[i] else times[i]
+        j = bisect.bisect_right(times, t, i, i + top if i + top < m else m)  # queued at t, up to top rows
+        took = seconds[j - i - 1] * speeds[k]
+        heapq.heapreplace(heap, (t + took, k))
+        sizes.append(j - i)
+        ends.append(t + took)
+        busy.append(took)
+        i = j
+    after = list(frees)
+    for free, k in heap:
+        after[k] = free
+    return sizes, ends, busy, after
 
 
 def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int, fill: float = BATCH_FILL) -> int:
@@ -1356,11 +1444,48 @@ def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int,
     return b
 
 
-def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float) -> int:
+def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float, batcher: str = "rule") -> int:
     n = len(a)
     slo = profile.slo_ms / 1000.0
     sizes = np.array([b for b, _ in profile.latency_ms], float)
     secs = np.array([m for _, m in profile.latency_ms]) / 1000.0
+    if batcher == "exact" and profile.max_batch > 1:
+        # shoal up's batcher: more replicas make smaller batches, each request dearer, so whether c
+        # replicas serve the tick need not hold for every larger c (e.g. 300 requests 1/300 s
+        # apart on ((1, 40), (8, 120)) ms, SLO 200 ms: 9 replicas carry 8.91 s of batches in the
+        # 1 s tick, 10 carry 10.06 s, 11 fit again): the fewest is found counting up from the
+        # most rows a second of batches can carry (each row at its cheapest, a full batch's share)
+        times = a.tolist()
+        by_rows = np.interp(np.arange(1, profile.max_batch + 1, dtype=float), sizes, secs).tolist()
+        if by_rows[0] > slo:
+            return max(n, 1)  # a request alone is late: no count serves the tick in time
+        cheapest = min(x / b for b, x in enumerate(by_rows, 1))
+        c = max(1, math.ceil(n * cheapest / tick_s - 1e-9))
+        while c < n:
+            rows, ends, busy, _ = serve_batched(times, [-math.inf] * c, [1.0] * c, by_rows)
+            # the tick's batches fit in the tick (no backlog carried into the next) and meet the SLO
+            if sum(busy) <= c * tick_s + 1e-9 and float((np.repeat(ends, rows) - a).max()) <= slo:
+                return c
+            c += 1
+        return max(n, 1)
+    meets = _meets_by_rule(a, profile, tick_s, sizes, secs)
+    low = max(1, math.ceil(n * secs[0] / tick_s / profile.max_batch))
+    if meets(low):
+        return low
+    high = low
+    while high < n and not meets(high):
+        low, high = high, min(n, high * 2)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if meets(mid) else (mid, high)
+    return high
+
+
+def _meets_by_rule(a: np.ndarray, profile: Profile, tick_s: float, sizes: np.ndarray, secs: np.ndarray
+                   ) -> Callable[[int], bool]:
+    """Whether c replicas serve the tick's requests `a` within the SLO, batches of batch_size's rule."""
+    n = len(a)
+    slo = profile.slo_ms / 1000.0
 
     def meets(c: int) -> bool:
         b = batch_size(n / c / tick_s, lambda x: float(np.interp(x, sizes, secs)), profile.max_batch)
@@ -1376,16 +1501,7 @@ def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float) -> int:
         done = cm + (r[order] + 1) * s
         return float((done - a[order]).max()) + lat - s <= slo
 
-    low = max(1, math.ceil(n * secs[0] / tick_s / profile.max_batch))
-    if meets(low):
-        return low
-    high = low
-    while high < n and not meets(high):
-        low, high = high, min(n, high * 2)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if meets(mid) else (mid, high)
-    return high
+    return meets
 
 
 def oracle_policy(counts: dict[int, dict[int, int]]) -> Scheduled:
@@ -1495,7 +1611,7 @@ def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
     if start not in STARTS:
         raise ValueError(f"start ({start!r}) must be one of {', '.join(STARTS)}")
     profiles = profiles if profiles is not None else assign_profiles(trace, seed)
-    counts = oracle_counts(trace, profiles, config.tick_s)
+    counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
     makers: dict[str, Callable[[], SimPolicy]] = {
         "shoal": lambda: ShoalPolicy(shoal_config),
         "shoal-fixed": lambda: ShoalPolicy(replace(shoal_config, slice_hints=False), name="shoal-fixed"),

@@ -34,7 +34,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autoscaler.simulator import Profile, Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start
+from autoscaler.simulator import (
+    BATCHERS, Profile, Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start,
+)
 from autoscaler.traces import make_trace
 from deploy.cli.simulate import SPAWN_S, load_profile, render
 from loadtests.bench.manysim import fleet_profile
@@ -177,12 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter traces (a smoke run, not for the record)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=Path("loadtests/bench/results/policy.json"))
+    parser.add_argument("--json", type=Path, help="where to write the results (default "
+                        "loadtests/bench/results/policy.json, policy-exact.json with --batcher exact)")
     parser.add_argument("--traces", help="comma-separated names: only these traces")
     parser.add_argument("--no-scale", action="store_true", help="the traces only: no scale run, no placement")
+    parser.add_argument("--batcher", choices=BATCHERS, default="rule",
+                        help="how batching replicas form batches (SimConfig.batcher; default rule)")
     args = parser.parse_args(argv)
-    out: dict = {"traces": {}, "simulated": True}
+    if args.json is None:
+        args.json = Path("loadtests/bench/results") / ("policy.json" if args.batcher == "rule" else "policy-exact.json")
+    # the traces' batcher; the scale run and the placement bench run the default ("rule")
+    out: dict = {"traces": {}, "simulated": True, "batcher": args.batcher}
     for name, trace, profiles, config in traces(args.quick, args.seed, args.traces):
+        config = replace(config, batcher=args.batcher)
         result = simulate(trace, POLICIES, config, seed=args.seed, profiles=profiles)
         if name == "many-small":  # what time-sharing adds: the same policy without it
             off = simulate(trace, ["shoal"], replace(config, time_share_busy=0.0), seed=args.seed, profiles=profiles)

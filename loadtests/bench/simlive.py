@@ -203,16 +203,54 @@ def sim_profile(profile: Path, cold_start_s: float):
     return replace(made, target_concurrency=TARGET_CONCURRENCY)
 
 
-def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE) -> dict[str, Any]:
+def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
+            phase: float = 0.0) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
-    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick, nothing
-    left out as warm-up, on shoal up's data path (LiveDataPath)."""
+    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick at the
+    live run's phase (`phase`, of a tick, after each second of the load: tick_phase), nothing
+    left out as warm-up, on shoal up's data path (LiveDataPath) with shoal up's batcher (SimConfig
+    batcher "exact"). The phase moves the arrivals, not the ticks: the simulator ticks at whole
+    multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85: live ticks
+    at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals 0.15 s
+    later, and each tick sees the same 0.85 s of a second's arrivals as live."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
+    from autoscaler.traces import Trace
 
     made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
     config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=TICK_S, timeout_s=HOLD_TIMEOUT_S,
-                       warmup_s=0.0)
-    return live_data_path()(read_window(window), [sim_profile(profile, cold_start_s)], made, config, None).run()
+                       warmup_s=0.0, batcher="exact")
+    trace = read_window(window)
+    late = ((1.0 - phase) % 1.0) * TICK_S
+    if late:
+        trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
+                      {**trace.params, "late_s": late}, trace.rates)
+    return live_data_path()(trace, [sim_profile(profile, cold_start_s)], made, config, None).run()
+
+
+def tick_phase(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> float | None:
+    """Where in each tick of the load the live controller looked, as a share of a tick after
+    t0 (the load's start): the median of its scale events' (seconds since t0 mod tick) / tick,
+    of those that changed a count already above zero (a function with replicas is looked at on
+    the controller's ticks; one at zero also when a request comes). None without one. E.g. scale
+    events at t0 + 2.83, 64.88 and 142.93 s: 0.88."""
+    phases = [((e["at"] - t0) % tick_s) / tick_s for e in events
+              if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0]
+    if not phases:
+        return None
+    # a phase wraps at 1 (0.97 and 0.03 are 0.06 apart): the median of each one's offset from
+    # the circular mean, added to it
+    centre = math.atan2(sum(math.sin(2 * math.pi * p) for p in phases),
+                        sum(math.cos(2 * math.pi * p) for p in phases)) / (2 * math.pi)
+    offset = statistics.median((p - centre + 0.5) % 1.0 - 0.5 for p in phases)
+    return (centre + offset) % 1.0
+
+
+def live_tick_phase(folder: Path) -> float | None:
+    """tick_phase of a live report folder (its events.json and the load's start, requests.t0)."""
+    events, start = folder / "events.json", folder / "requests.t0"
+    if not (events.exists() and start.exists()) or not start.read_text().split():
+        return None
+    return tick_phase(json.loads(events.read_text()), float(start.read_text().split()[0]))
 
 
 def live_data_path():
@@ -220,7 +258,7 @@ def live_data_path():
     kpa|ray` runs the baselines' policies (autoscaler.policies), not their data planes, so no
     activator hop (Knative's) and no `max_ongoing_requests` cap at a router (Ray Serve's): the
     gateway holds requests only while no replica is ready, and each replica batches what it has
-    queued, up to the function's max batch."""
+    queued, up to the function's max batch (sim_run's SimConfig batcher "exact")."""
     from autoscaler.simulator import Simulation
 
     class LiveDataPath(Simulation):
@@ -245,7 +283,8 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
                      f"{window.duration_s:g} --from-zero")
         lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
                      f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
-                     f"{SLO_MS:g} ms, 1 device of 80 GiB, tick {TICK_S:g} s, hold timeout {HOLD_TIMEOUT_S:g} s, "
+                     f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), tick {TICK_S:g} s "
+                     f"at the live tick's phase, hold timeout {HOLD_TIMEOUT_S:g} s, "
                      f"start cold, no warm-up, the cold start measured live (median)")
     return lines
 
@@ -291,11 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                 live = live_run(policy, window, folder)
             if live["cold_start_s"] is None:
                 raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
-            sim = sim_run(policy, window, live["cold_start_s"])
-            results[policy] = {"live": live, "sim": sim, "row": compare(live, sim)}
+            phase = live_tick_phase(folder)
+            sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0)
+            results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase}
             print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
                   f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
-                  f"(cold start {live['cold_start_s']:.3f} s measured)", flush=True)
+                  f"(cold start {live['cold_start_s']:.3f} s measured; live tick at "
+                  f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a second)", flush=True)
     except (ValueError, OSError, LoadTestError) as exc:
         print(f"simlive: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from autoscaler.loop import policy_table
 from autoscaler.metrics import (
     batch_window,
     fraction_over,
@@ -25,6 +26,7 @@ from autoscaler.policy import (
     PolicyConfig,
     PolicyState,
     _budget_sample,
+    _duty_sample,
     _rate_sample,
     decide,
     estimate_need,
@@ -362,3 +364,49 @@ def test_large_requests_one_at_a_time_are_no_batching():
                                          batch_latency_s=table if len(table) > 1 else ()),
                          ScalingSpec(target_concurrency=1.0), CFG)
     assert (need.by, need.replicas) == ("concurrency", 32.0)
+
+
+# ---------------------------------------------------------------------- what a batcher with no queue delay teaches
+
+POLICY_TABLE_CASES = [
+    # id, learned table, the function's max batch, the table decide() reads
+    ("nothing-learned", (), 8, ()),
+    ("one-size-says-nothing", ((1.0, 0.040),), 8, ()),
+    # the largest learned is the max batch: as learned
+    ("up-to-the-max", ((1.0, 0.040), (8.0, 0.120)), 8, ((1.0, 0.040), (8.0, 0.120))),
+    # learned 1 and 1.5 rows (40, 45.7 ms): 11.4 ms a row carried on to 8: 45.7 + 6.5 x 11.4 = 119.8 ms
+    ("carried-to-the-max", ((1.0, 0.040), (1.5, 0.0457)), 8, ((1.0, 0.040), (1.5, 0.0457), (8.0, 0.1198))),
+    # resnet's 1 and 8 learned (4, 6 ms), max 32: 2/7 ms a row -> 6 + 24 x 2/7 = 12.86 ms (the profile: 14)
+    ("resnet-from-8", RESNET[:2], 32, RESNET[:2] + ((32.0, 0.006 + 24 * 0.002 / 7),)),
+    # a larger batch that ran no slower (noise) says nothing of how a batch grows: as learned,
+    # not 8 rows in 39 ms
+    ("no-growth-seen", ((1.0, 0.040), (2.0, 0.039)), 8, ((1.0, 0.040), (2.0, 0.039))),
+    ("flat", ((1.0, 0.040), (1.42, 0.040)), 8, ((1.0, 0.040), (1.42, 0.040))),
+    # batches of half the largest ran (a queue formed): read as learned
+    ("half-the-max-is-learned", ((1.0, 0.040), (4.0, 0.074)), 8, ((1.0, 0.040), (4.0, 0.074))),
+    ("just-under-half", ((1.0, 0.040), (3.9, 0.073)), 8, ((1.0, 0.040), (3.9, 0.073), (8.0, 0.073 + 4.1 * 0.033 / 2.9))),
+]
+
+
+@pytest.mark.parametrize("table, max_rows, expected", [c[1:] for c in POLICY_TABLE_CASES],
+                         ids=[c[0] for c in POLICY_TABLE_CASES])
+def test_policy_table_carries_the_learned_sizes_to_the_largest_batch(table, max_rows, expected):
+    got = policy_table(table, max_rows)
+    assert len(got) == len(expected)
+    for (r, s), (er, es) in zip(got, expected):
+        assert r == pytest.approx(er) and s == pytest.approx(es)
+
+
+def test_a_batching_model_is_hot_by_its_work_at_full_batches_not_its_duty():
+    """The slice hint's duty sample: 700 requests/s on 2 replicas that read 0.9 busy, running
+    small batches; at full batches of resnet's 32 rows in 14 ms (within the 40 ms budget) the
+    load is 700 x 0.014 / 32 / 2 = 0.153 of each: the sample. Without a table, the duty."""
+    state = PolicyState()
+    busy = snap(ready=2, rps=700.0, duty=(0.9, 0.9), batch=RESNET)
+    avg, since, last = _duty_sample(state, busy, SPEC, 10.0, CFG)
+    assert avg == pytest.approx(700 * 0.014 / 32 / 2) and since == last == 10.0
+    unknown = snap(ready=2, rps=700.0, duty=(0.9, 0.9))
+    assert _duty_sample(state, unknown, SPEC, 10.0, CFG)[0] == pytest.approx(0.9)
+    # a replica busier than its load at full batches would be is read as it is: the lower of the two
+    light = snap(ready=1, rps=100.0, duty=(0.01,), batch=RESNET)
+    assert _duty_sample(state, light, SPEC, 10.0, CFG)[0] == pytest.approx(0.01)

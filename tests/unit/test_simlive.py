@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadtests.bench.simlive import Tolerance, compare, csv_text, live_numbers, window_times
+from loadtests.bench.simlive import Tolerance, compare, csv_text, live_numbers, tick_phase, window_times
 from loadtests.scenarios import make_schedule
 
 WINDOW_CASES = [
@@ -78,3 +78,53 @@ def test_live_numbers_take_the_median_cold_start():
                "cold_starts": {"count": 1, "replica_starts": [{"ready_s": 2.2}, {"ready_s": 2.0}, {"ready_s": 2.1}]}}
     got = live_numbers(summary)
     assert (got["cold_start_s"], got["replica_starts"], got["cold_starts"]) == (2.1, 3, 1)
+
+
+def _scale(at, before, after):
+    return {"kind": "scale", "at": at, "data": {"from": before, "to": after}}
+
+
+PHASE_CASES = [
+    # id, events, t0, phase
+    # the docstring's: ticks at t0 + 2.83, 64.88, 142.93 -> fractions .83, .88, .93: median .88
+    ("kpa-run", [_scale(1000.009, 0, 1), _scale(1002.83, 1, 13), _scale(1064.88, 4, 2), _scale(1142.93, 1, 6)],
+     1000.0, 0.88),
+    # the raise from zero is a look at a request's arrival, not a tick: left out
+    ("from-zero-only", [_scale(1000.012, 0, 1)], 1000.0, None),
+    # other kinds of event say nothing of the tick
+    ("no-scale", [{"kind": "replica_ready", "at": 1002.5, "data": {}}], 1000.0, None),
+    # an even count: the mean of the middle two, .2 and .3
+    ("two", [_scale(10.2, 1, 2), _scale(41.3, 2, 1)], 0.0, 0.25),
+    # around the wrap: .97, .99, .01, .03 are .03 on either side of 0, not a median of .5
+    ("wraps", [_scale(5.97, 1, 2), _scale(9.99, 2, 3), _scale(20.01, 3, 2), _scale(30.03, 2, 1)], 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("events,t0,phase", [c[1:] for c in PHASE_CASES], ids=[c[0] for c in PHASE_CASES])
+def test_tick_phase(events, t0, phase):
+    got = tick_phase(events, t0)
+    if phase is None:
+        assert got is None
+    else:  # as a distance around the circle of a tick
+        assert abs((got - phase + 0.5) % 1.0 - 0.5) < 1e-9
+
+
+def test_the_simulator_sees_the_arrivals_at_the_live_tick_phase(tmp_path, monkeypatch):
+    """sim_run at phase 0.75 moves the arrivals 0.25 s later: a request at 0.9 s of the load,
+    after the live tick at 0.75, is seen by the simulator's tick at 2 s, not 1 s."""
+    from loadtests.bench import simlive
+
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text([0.0, 0.9, 2.5]))
+    window = simlive.Window(path, 4.0, 3, "test", 1.0, 1.0)
+    seen = []
+
+    class Watch(simlive.live_data_path()):
+        def _serve(self, a, f, t0, t1):
+            seen.extend(a.tolist())
+            return super()._serve(a, f, t0, t1)
+
+    monkeypatch.setattr(simlive, "live_data_path", lambda: Watch)
+    record = simlive.sim_run("ray", window, 2.0, phase=0.75)
+    assert record["served"] == 3
+    assert sorted(seen) == pytest.approx([0.25, 1.15, 2.75])

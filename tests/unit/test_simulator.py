@@ -297,6 +297,126 @@ def test_whole_runs_match_the_one_by_one_reference(seed, policy):
         np.testing.assert_allclose(x, y, rtol=0, atol=TOL)
 
 
+CODE = Profile("code", ((1, 40.0), (8, 120.0)), 0.25, 0.25, cold_start_s=2.0, slo_ms=200.0)  # emulated_code's
+
+
+def exact_sim(replicas: int = 1) -> Simulation:
+    """One function of CODE on `replicas` replicas idle from 0, shoal up's batcher."""
+    sim = Simulation(trace_of([], duration=1.0), [CODE], static_policy({}), SimConfig(gpus=1, batcher="exact"))
+    sim._start(0, replicas, 0.0)
+    return sim
+
+
+def serve_exact(sim, times):
+    a = np.asarray(times, float)
+    f = np.zeros(len(a), np.int64)
+    srv = sim.servers
+    slots = np.flatnonzero(srv.alive)
+    slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]
+    return sim._serve_batches(a, f, slots, np.array([0]), None)
+
+
+EXACT_CASES = [
+    # id, arrivals (s), a second replica ready at (s) or None, latencies (ms), rows
+    # the docstring's: the first alone (40 ms, done at 40); the 3 queued by then as one batch,
+    # 40 + 2/7 x 80 = 62.86 ms, done at 102.86
+    ("queued-run-together", (0.0, 0.01, 0.02, 0.03), None, (40.0, 92.857, 82.857, 72.857), (1, 3, 3, 3)),
+    # 10 at once, batches of at most 8: 8 in 120 ms, then 2 in 40 + 80/7 = 51.43 ms after them
+    ("largest-batch", (0.0,) * 10, None, (120.0,) * 8 + (171.429,) * 2, (8,) * 8 + (2,) * 2),
+    # a second replica still starting frees at its ready time (50 ms): the 3 queued at 40 ms go to
+    # the first, which is free then; the one at 60 ms to the second, free since 50 ms: alone, 40 ms
+    ("starting-replica", (0.0, 0.01, 0.02, 0.03, 0.06), 0.05, (40.0, 92.857, 82.857, 72.857, 40.0),
+     (1, 3, 3, 3, 1)),
+    # apart by more than a batch: each alone
+    ("spread-out", (0.0, 0.05, 0.1), None, (40.0, 40.0, 40.0), (1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("times,second_ready,latency_ms,rows", [c[1:] for c in EXACT_CASES],
+                         ids=[c[0] for c in EXACT_CASES])
+def test_exact_batcher_runs_what_is_queued(times, second_ready, latency_ms, rows):
+    sim = exact_sim(1 if second_ready is None else 2)
+    if second_ready is not None:
+        second = sim.slots[0][1]
+        sim.servers.ready_at[second] = sim.servers.free[second] = second_ready
+    f, latency, occupied, got_rows = serve_exact(sim, times)
+    np.testing.assert_allclose(latency * 1000, latency_ms, atol=1e-3)
+    np.testing.assert_array_equal(got_rows, rows)
+    # each request occupies its share of its batch: the replicas' busy time is the batches' time
+    batches = {}
+    for end, r in zip(np.round(np.asarray(times) + latency, 9), got_rows):
+        batches[end] = r
+    expected_busy = sum(float(np.interp(r, [1, 8], [0.04, 0.12])) for r in batches.values())
+    assert occupied.sum() == pytest.approx(expected_busy)
+
+
+def test_exact_batcher_leaves_each_replica_busy_until_its_last_batch_ends():
+    sim = exact_sim(1)
+    serve_exact(sim, (0.0, 0.01, 0.02, 0.03))
+    assert sim.servers.free[sim.slots[0][0]] == pytest.approx(0.04 + 0.04 + 2 / 7 * 0.08)
+    # the next tick's request at 0.1 finds it busy until 102.86 ms: it waits and runs alone
+    _, latency, _, rows = serve_exact(sim, (0.1,))
+    assert latency[0] == pytest.approx(0.0028571 + 0.04, abs=1e-6) and rows.tolist() == [1]
+
+
+def test_a_run_with_the_exact_batcher_serves_every_request_once():
+    """resnet50 (batches to 32) and whisper-tiny (to 4) batch, mlp-small does not: the exact
+    batcher serves each request once; a model that does not batch is served as by the rule,
+    request for request, and a batching one by other batches (its latencies differ)."""
+    trace = make_trace("gamma", functions=3, seconds=6, seed=3, rate=60, cv=3)
+    profiles = [PROFILES[0], PROFILES[3], PROFILES[2]]
+    counts = oracle_counts(trace, profiles, 1.0)
+    runs = {}
+    for batcher in ("rule", "exact"):
+        sim = Recording(trace, profiles, static_policy(counts), SimConfig(gpus=2, batcher=batcher))
+        record = sim.run()
+        assert record["served"] == record["requests"] == len(trace.times)
+        assert len(sim.latencies) == len(trace.times)
+        runs[batcher] = per_function(sim.lat_fids, sim.latencies, 3)
+    np.testing.assert_allclose(runs["rule"][2], runs["exact"][2], rtol=0, atol=TOL)
+    assert len(runs["exact"][0]) > 0 and not np.allclose(runs["rule"][0], runs["exact"][0])
+
+
+ORACLE_EXACT_CASES = [
+    # id, arrivals (s), fewest replicas by the rule, by shoal up's batcher; CODE: SLO 200 ms
+    # 10 at once: one replica runs 8 (120 ms), then 2 (51.4 ms): the last at 171.4 ms
+    ("ten-at-once", (0.0,) * 10, 2, 1),
+    # 20 at once: 2 replicas run 8 each, then one of them 4: 120 + 74.3 = 194.3 ms
+    ("twenty-at-once", (0.0,) * 20, 4, 2),
+    # 30 at once: 3 run 24, the other 6 end at 120 + 97.1 = 217.1 ms: 4
+    ("thirty-at-once", (0.0,) * 30, 6, 4),
+    # 100, 10 ms apart: 2 replicas run 2.09 s of small batches in the 1 s tick, 3 run 2.89 s
+    ("hundred-spread", tuple(np.arange(100) / 100), 2, 3),
+]
+
+
+@pytest.mark.parametrize("times,by_rule,exact", [c[1:] for c in ORACLE_EXACT_CASES],
+                         ids=[c[0] for c in ORACLE_EXACT_CASES])
+def test_the_oracle_counts_replicas_for_the_batcher_it_is_served_by(times, by_rule, exact):
+    a = np.asarray(times, float)
+    assert S._fewest_replicas(a, CODE, 1.0, "rule") == by_rule
+    assert S._fewest_replicas(a, CODE, 1.0, "exact") == exact
+
+
+def test_the_exact_oracle_counts_serve_the_ticks_and_one_fewer_does_not():
+    """20 requests at the start of each of 5 seconds: 2 replicas a tick by shoal up's batcher
+    (the table above), and run so they meet the SLO; 1 replica (a batch of 8, then 8 more at
+    240 ms) does not."""
+    times = np.repeat(np.arange(5.0), 20)
+    trace = trace_of(times, duration=5.0)
+    counts = oracle_counts(trace, [CODE], 1.0, "exact")
+    assert counts == {0: {tick: 2 for tick in range(5)}}
+    config = SimConfig(gpus=1, batcher="exact")
+    assert Simulation(trace, [CODE], oracle_policy(counts), config).run()["slo_attainment"] == 1.0
+    fewer = {0: {tick: 1 for tick in range(5)}}
+    assert Simulation(trace, [CODE], oracle_policy(fewer), config).run()["slo_attainment"] < 1.0
+
+
+def test_sim_config_refuses_an_unknown_batcher():
+    with pytest.raises(ValueError, match="batcher 'fifo' must be one of rule, exact"):
+        SimConfig(batcher="fifo")
+
+
 # ---------------------------------------------------------------------- 2. conservation
 
 REQUIRED_KEYS = ("requests", "served", "timed_out", "slo_attainment", "replica_slice_seconds", "whole_gpu_seconds",
@@ -707,7 +827,8 @@ def test_a_function_learns_the_batches_it_ran(slice_fraction):
     seconds). On 0.25:
     requests 0-3 ride in batches of 4, then 5, 6, 7, the remaining 193 in batches of 8 (see
     BACKLOG_BATCHES): 1 + 1/5 + 1/6 + 1/7 + 193/8 = 25.635 batches; 200 / 25.635 = 7.80 rows
-    per batch, and L(7.80) = 10 + 6.80 x 10/7 = 19.717 ms a batch."""
+    per batch, and L(7.80) = 10 + 6.80 x 10/7 = 19.717 ms a batch (over half the largest batch,
+    8: read as learned, loop.policy_table)."""
     profile = Profile("b", ((1, 10.0), (8, 20.0)), slice_fraction, 0.25, cold_start_s=1.0, slo_ms=10_000)
     policy = Scripted(lambda now: ScaleDecision(1, "S"))
     sim = Simulation(trace_of([2.0] + [3.0] * 200, duration=5.0), [profile], policy, SimConfig(gpus=1))
