@@ -229,7 +229,8 @@ def decide(
     budget, served, served_over = _budget_sample(state, snapshot, now, config)
     rate_var, rps_last, rps_last_at = _variance_sample(state, snapshot, now, config)
     rate_avg, inflight_avg, rate_at = _rate_sample(state, snapshot, now, config)
-    need = estimate_need(snapshot, spec, config, rate_avg, inflight_avg, rate_var)
+    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))  # rows and seconds, or None
+    need = _estimate_need(snapshot, spec, config, batched, rate_avg, inflight_avg, rate_var)
     if budget.spare and need.replicas > 0 and snapshot.ready:
         need = Need(need.replicas + budget.spare, "budget", (need.replicas, budget.spare, budget.last_over))
     # a backlog held through a cold start is not a need to remember: the burst window
@@ -237,7 +238,7 @@ def decide(
     held_through_start = snapshot.ready == 0 and current > 0 and need.by == "concurrency"
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
-    duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, spec, now, config)  # for the slice hint
+    duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, batched, now, config)  # for the slice hint
     rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
     missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
@@ -293,10 +294,18 @@ def estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyCo
     concurrency view (Little's law) and, for a model that does not batch, the burst view (the
     requests of one SLO window at the (1 - miss budget) quantile); the work view raised when p95
     is over its target. Each view with its numbers worked out: docs/design/policy.md."""
+    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
+    return _estimate_need(snapshot, spec, config, batched, rate, inflight, rate_var)
+
+
+def _estimate_need(snapshot: MetricsSnapshot, spec: ScalingSpec, config: PolicyConfig,
+                   batched: tuple[float, float] | None, rate: float | None = None, inflight: float | None = None,
+                   rate_var: float = 0.0) -> Need:
+    """estimate_need, given the model's full batch (full_batch within the batch budget), which
+    decide() also gives the slice hint's duty sample."""
     rps = snapshot.rps if rate is None else rate
     slo_target_s = p95_target_s(spec, config)
     target_concurrency = spec.target_concurrency
-    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
     if batched is not None:
         # requests one replica finishes within the target, at full batches: also at zero, where a
         # backlog held through a cold start is served in batches too
@@ -855,20 +864,19 @@ def _variance_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
         snapshot.rps, now
 
 
-def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float,
+def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, batched: tuple[float, float] | None, now: float,
                  config: PolicyConfig) -> tuple[float | None, float | None, float | None]:
     """(duty_avg, duty_since, duty_last) after this snapshot: an EWMA of the mean replica
     duty, time constant slice_window_s, where a sample dt after the last one weighs
     1 - exp(-dt / tau). Its age counts from the first sample, so a hint needs a whole
-    window of evidence. No duty sample: unchanged. For a model that batches, the duty its
-    load would have at full batches, when less: a batcher with no queue delay is busy
+    window of evidence. No duty sample: unchanged. For a model that batches (`batched`, its
+    full batch's rows and seconds), the duty its load would have at full batches, when less: a batcher with no queue delay is busy
     whenever a request is queued, so its duty reads high at loads that fuller batches carry
     in a fraction of the time (e.g. 700 requests/s, full batches of 8 rows in 6 ms, on 2
     replicas: 700 x 0.006 / 8 / 2 = 0.26, where the replicas read 0.9 running batches of 3)."""
     if not snapshot.duty:
         return state.duty_avg, state.duty_since, state.duty_last
     mean = _total(snapshot.duty) / len(snapshot.duty)
-    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
     if batched is not None and snapshot.ready:
         mean = min(mean, snapshot.rps * batched[1] / batched[0] / snapshot.ready)
     if state.duty_avg is None or state.duty_last is None:

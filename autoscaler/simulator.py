@@ -482,7 +482,7 @@ class Simulation:
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
-        self._by_rows: dict[tuple[int, int], list[float]] = {}  # _batch_seconds
+        self._by_rows: dict[tuple, list[float]] = {}  # batch_seconds per (latency table, largest batch)
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
@@ -699,14 +699,14 @@ class Simulation:
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
         service, latency_extra = self._service_times(n_f, slots, t0, dt, stretch)
         parts = []
-        batching = self._batching[f] if self.config.batcher == "exact" else np.zeros(len(f), bool)
-        if batching.any():
-            parts.append(self._serve_batches(a[batching], f[batching], slots, offset, stretch))
-            a, f = a[~batching], f[~batching]
-            n_rest = np.bincount(f, minlength=len(self.profiles))
-            first = np.cumsum(n_rest) - n_rest
-        else:
-            n_rest = n_f
+        n_rest = n_f
+        if self.config.batcher == "exact":  # batching functions by shoal up's batcher, the rest below
+            batching = self._batching[f]
+            if batching.any():
+                parts.append(self._serve_batches(a[batching], f[batching], slots, offset, stretch))
+                a, f = a[~batching], f[~batching]
+                n_rest = np.bincount(f, minlength=len(self.profiles))
+                first = np.cumsum(n_rest) - n_rest
         # the interleaved solution is exact when the servers' free times (none earlier than the
         # first request) lie within one service time of each other; otherwise (a replica still
         # starting, or a new one beside busy ones) the function is served one request at a time
@@ -838,24 +838,19 @@ class Simulation:
             fid = int(f[lo])
             mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
             speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
+            top = int(self.max_batch[fid])
+            key = (self.profiles[fid].latency_ms, top)
+            by_rows = self._by_rows.get(key)
+            if by_rows is None:
+                by_rows = self._by_rows[key] = batch_seconds(self.profiles[fid], top)
             sizes, ends, busy, frees = serve_batched(a[lo:hi].tolist(), srv.free[mine].tolist(), speed.tolist(),
-                                                     self._batch_seconds(fid, int(self.max_batch[fid])))
+                                                     by_rows)
             srv.free[mine] = frees
             size = np.array(sizes, float)
             latency[lo:hi] = np.repeat(ends, sizes) - a[lo:hi]
             occupied[lo:hi] = np.repeat(np.array(busy) / size, sizes)  # a request's share of its batch
             rows[lo:hi] = np.repeat(size, sizes)
         return f, latency, occupied, rows
-
-    def _batch_seconds(self, fid: int, top: int) -> list[float]:
-        """A batch's seconds at 1 .. top rows on the function's reference slice (its profile,
-        interpolated), kept per latency table and top."""
-        key = (int(self._lat_group[fid]), top)
-        cached = self._by_rows.get(key)
-        if cached is None:
-            cached = self._by_rows[key] = self._latency_s(np.arange(1, top + 1, dtype=float),
-                                                          np.full(top, fid)).tolist()
-        return cached
 
     def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float, float]] | None:
         """(occupancy, rest of the batch, rows) for a request with 0, 1, ... requests ahead of
@@ -1391,6 +1386,14 @@ def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float,
     return out
 
 
+def batch_seconds(profile: Profile, top: int) -> list[float]:
+    """A batch's seconds at 1 .. `top` rows on the profile's reference slice, its latency table
+    interpolated. E.g. ((1, 40), (8, 120)) ms, top 3: [0.04, 0.0514, 0.0629]."""
+    sizes = [float(b) for b, _ in profile.latency_ms]
+    secs = [ms / 1000.0 for _, ms in profile.latency_ms]
+    return np.interp(np.arange(1, top + 1, dtype=float), sizes, secs).tolist()
+
+
 def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: list[float]
                   ) -> tuple[list[int], list[float], list[float], list[float]]:
     """shoal up's batcher with no queue delay (serving/batch_loop.py), exactly: requests at `times`
@@ -1456,7 +1459,7 @@ def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float, batcher: st
         # 1 s tick, 10 carry 10.06 s, 11 fit again): the fewest is found counting up from the
         # most rows a second of batches can carry (each row at its cheapest, a full batch's share)
         times = a.tolist()
-        by_rows = np.interp(np.arange(1, profile.max_batch + 1, dtype=float), sizes, secs).tolist()
+        by_rows = batch_seconds(profile, profile.max_batch)
         if by_rows[0] > slo:
             return max(n, 1)  # a request alone is late: no count serves the tick in time
         cheapest = min(x / b for b, x in enumerate(by_rows, 1))

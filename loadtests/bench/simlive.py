@@ -229,7 +229,7 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
 
 def tick_phase(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> float | None:
     """Where in each tick of the load the live controller looked, as a share of a tick after
-    t0 (the load's start): the median of its scale events' (seconds since t0 mod tick) / tick,
+    t0 (the load's start): the circular median of its scale events' (seconds since t0 mod tick) / tick,
     of those that changed a count already above zero (a function with replicas is looked at on
     the controller's ticks; one at zero also when a request comes). None without one. E.g. scale
     events at t0 + 2.83, 64.88 and 142.93 s: 0.88."""

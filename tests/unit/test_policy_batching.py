@@ -28,6 +28,7 @@ from autoscaler.policy import (
     _budget_sample,
     _duty_sample,
     _rate_sample,
+    batch_budget_s,
     decide,
     estimate_need,
     full_batch,
@@ -402,11 +403,16 @@ def test_a_batching_model_is_hot_by_its_work_at_full_batches_not_its_duty():
     small batches; at full batches of resnet's 32 rows in 14 ms (within the 40 ms budget) the
     load is 700 x 0.014 / 32 / 2 = 0.153 of each: the sample. Without a table, the duty."""
     state = PolicyState()
+    full = full_batch(RESNET, batch_budget_s(SPEC, CFG))
+    assert full == (32.0, 0.014)
     busy = snap(ready=2, rps=700.0, duty=(0.9, 0.9), batch=RESNET)
-    avg, since, last = _duty_sample(state, busy, SPEC, 10.0, CFG)
+    avg, since, last = _duty_sample(state, busy, full, 10.0, CFG)
     assert avg == pytest.approx(700 * 0.014 / 32 / 2) and since == last == 10.0
     unknown = snap(ready=2, rps=700.0, duty=(0.9, 0.9))
-    assert _duty_sample(state, unknown, SPEC, 10.0, CFG)[0] == pytest.approx(0.9)
+    assert _duty_sample(state, unknown, None, 10.0, CFG)[0] == pytest.approx(0.9)
     # a replica busier than its load at full batches would be is read as it is: the lower of the two
     light = snap(ready=1, rps=100.0, duty=(0.01,), batch=RESNET)
-    assert _duty_sample(state, light, SPEC, 10.0, CFG)[0] == pytest.approx(0.01)
+    assert _duty_sample(state, light, full, 10.0, CFG)[0] == pytest.approx(0.01)
+    # decide() gives it the full batch: a hot duty on a batching model does not make a hot average
+    _, after = decide(busy, SPEC, state, 10.0, CFG)
+    assert after.duty_avg == pytest.approx(700 * 0.014 / 32 / 2)
