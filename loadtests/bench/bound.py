@@ -12,7 +12,10 @@
   unplaceable) it says nothing, and the output says so.
 Every GPU here is simulated: no figure is a GPU measurement.
 
-    python -m loadtests.bench.bound --seed 1 [--traces spike,real-4x] [--json OUT]
+    python -m loadtests.bench.bound --seed 1 [--traces spike,real-4x] [--batcher exact] [--json OUT]
+
+`--batcher exact`: batches formed as `shoal up`'s batcher forms them (SimConfig.batcher), the
+needs counted for it (oracle_counts), as `python -m loadtests.bench.policy --batcher exact`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import json
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
 from autoscaler.simulator import (
-    Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
+    BATCHERS, Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
 )
 from loadtests.bench.policy import traces
 
@@ -43,7 +48,7 @@ def held_max(trace, profiles: list[Profile], config, counts, initial, factor: fl
 
 
 def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = FACTORS) -> dict:
-    counts = oracle_counts(trace, profiles, config.tick_s)
+    counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
     initial = warm_start(trace, profiles, counts)
     at_1 = held_max(trace, profiles, config, counts, initial)
     forced = forced_cold(trace, profiles, initial, config.warmup_s)
@@ -87,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--traces", help="comma-separated names of the policy bench's traces (default: all)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--batcher", choices=BATCHERS, default="rule", help="how batching replicas form batches")
     args = p.parse_args(argv)
     out = {}
     for name, trace, profiles, config in traces(False, args.seed, args.traces):
-        out[name] = bound(trace, profiles or assign_profiles(trace, args.seed), config)
+        out[name] = bound(trace, profiles or assign_profiles(trace, args.seed), replace(config, batcher=args.batcher))
         print(describe(name, args.seed, out[name]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"seed": args.seed, "traces": out, "simulated": True}, indent=1))
+        args.json.write_text(json.dumps({"seed": args.seed, "batcher": args.batcher, "traces": out, "simulated": True}, indent=1))
     return 0
 
 

@@ -48,3 +48,18 @@ def test_a_cluster_held_max_does_not_fit_is_said_so():
     r = bound.bound(trace, [SLOW] * 4, SimConfig(gpus=1, warmup_s=10.0))
     assert not r["held_max"]["fits"] and r["enough"] is None
     assert "does not fit" in bound.describe("tiny", 1, r)
+
+
+def test_the_exact_batcher_counts_needs_as_it_serves():
+    """With SimConfig.batcher "exact" the needs held-max and static hold are the oracle's counts
+    for shoal up's batcher: 300 requests/s into a model of 20 ms at 1 row and 40 ms at 4 peak
+    at 4 replicas a second by the rule and at 5 for one of the two functions by that batcher,
+    so static holds (4 + 5) x 0.25 x 50 s = 112.5 slice-s where the rule's holds 100."""
+    trace = make_trace("poisson", functions=2, seconds=60, seed=1, rate=300.0)
+    costs = {}
+    for batcher in ("rule", "exact"):
+        r = bound.bound(trace, [SLOW, SLOW], SimConfig(gpus=8, warmup_s=10.0, batcher=batcher))
+        assert r["held_max"]["fits"] and r["held_max"]["slo"] == 1.0
+        costs[batcher] = (r["static_slice_s"], r["held_max"]["slice_s"])
+    assert costs["rule"][0] == 100.0 and costs["exact"][0] == 112.5
+    assert costs["exact"][1] > costs["rule"][1]
