@@ -747,9 +747,13 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
 
 def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
                      now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
-    """Hot replicas ask for twice the slice; a lone idle one whose p95 would still meet
-    the SLO at twice the service time asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4
-    slice -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target -> 1/8.
+    """Hot replicas the count cannot relieve (the decision at max_replicas) ask for twice the
+    slice; with room, more replicas of the same slice carry the load, and a new slice would
+    forget the batch latencies learned on this one. A lone idle replica whose p95 would still
+    meet the SLO at twice the service time, and which one replica of half the slice could
+    still carry (the kept needs' largest and the largest recent rise, decayed, at most half a
+    replica), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice at max_replicas ->
+    1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at most 0.1 -> 1/8.
     `state` holds this snapshot's duty sample already (decide() records it)."""
     current_slice = snapshot.slice_fraction
     if not config.slice_hints or current_slice is None or state.duty_avg is None or snapshot.ready == 0:
@@ -759,11 +763,14 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if state.duty_since is None or now - state.duty_since < config.slice_window_s or not snapshot.duty:
         return decision, state
     wanted = None
-    if state.duty_avg >= config.slice_hot_duty and current_slice * 2 <= config.max_slice + EPS:
+    if (state.duty_avg >= config.slice_hot_duty and current_slice * 2 <= config.max_slice + EPS
+            and decision.desired >= spec.max_replicas):
         wanted = current_slice * 2
     slo_target_s = p95_target_s(spec, config)
     if (state.duty_avg <= config.slice_cold_duty and snapshot.ready == 1 and snapshot.p95_s is not None
-            and snapshot.p95_s * 2 <= slo_target_s and current_slice / 2 >= config.min_slice - EPS):
+            and snapshot.p95_s * 2 <= slo_target_s and current_slice / 2 >= config.min_slice - EPS
+            and 2.0 * max(window_max(state.needs, now, config.kept_s), _decayed(state.rise, state.rise_at, now, config))
+            <= 1.0):
         wanted = current_slice / 2
     if wanted is None:
         return decision, state

@@ -531,8 +531,9 @@ SLICE_CASES = [
     ("hot-whole-no-bigger", CAPPED, CFG, {**HOT, "slice_": 1.0}, None, "STABLE"),  # 2 > max_slice 1
     ("hot-0.75-no-bigger", CAPPED, CFG, {**HOT, "slice_": 0.75}, None, "STABLE"),  # 1.5 > 1: no clamping
     ("hot-above-config-max", CAPPED, PolicyConfig(max_slice=0.5), {**HOT, "slice_": 0.5}, None, "STABLE"),
-    # ceil(1.8 / 0.7 = 2.57) = 3 > 2: the hint rides on the scale-up, whose reason stays
-    ("hot-with-room-keeps-burst", SPEC, CFG, HOT, 0.5, "BURST"),
+    # ceil(1.8 / 0.7 = 2.57) = 3 > 2 with room for 8: more replicas, not bigger ones (only a
+    # count at max_replicas asks for a bigger slice)
+    ("hot-with-room-scales-out", SPEC, CFG, HOT, None, "BURST"),
     ("hot-0.84-is-not-hot", CAPPED, CFG, {**HOT, "duty": (0.84, 0.84)}, None, "STABLE"),
     # lone idle replica, p95 30 ms x 2 = 60 <= 80 ms target
     ("cold-quarter-to-eighth", SPEC, CFG, COLD, 0.125, "SLICE"),  # 0.25 / 2
@@ -556,6 +557,17 @@ def test_slice_hint_after_a_window(spec, config, load, hint, reason):
     assert decision.slice_fraction == hint and decision.reason == reason, decision
     if hint is not None:
         assert state.slice_fraction == hint and state.slice_at == 300.0 and state.duty_avg is None
+
+
+def test_a_lone_replica_does_not_shrink_while_a_recent_need_would_not_fit_half_of_it():
+    # cold as in "cold-quarter-to-eighth", but one look at t = 290 reads duty 0.9: a need of
+    # 0.9 / 0.9 = 1.0 replica (p95 30 ms is under half its 80 ms target: duty target 0.9),
+    # which one replica of half the slice could not carry. It rose from 0.05 / 0.9 = 0.056: a
+    # rise of 0.944, seen once (no reserve), which decays to half a replica at
+    # 290 + 600 ln(0.944 / 0.5) = 671.6: the hint comes at the look after, 672
+    out, state = run(lambda t: {**COLD, "duty": (0.9,)} if t == 290 else COLD, 680)
+    assert state.rise == pytest.approx(1.0 - 0.05 / 0.9) and state.rise_at == 290.0
+    assert [(t, d.slice_fraction) for t, d in out if d.slice_fraction is not None] == [(672, 0.125)]
 
 
 def test_a_hint_waits_for_a_whole_window_of_evidence():

@@ -929,8 +929,10 @@ def test_one_start_for_every_reactive_policy(monkeypatch, start):
 def test_shoal_fixed_keeps_its_slices():
     """One lone, nearly idle replica (1 request a second of 10 ms: duty 0.01 <= 0.15, p95 10 ms
     x 2 within the 800 ms target) with slice_window_s 5: shoal halves its slice (0.25 -> 0.125),
-    shoal-fixed (slice hints off) keeps 0.25."""
-    trace = trace_of(np.arange(0.5, 30.0, 1.0), duration=30.0)
+    shoal-fixed (slice hints off) keeps 0.25. Not before its start from zero (a rise of one
+    replica for the first request, held at t = 1) has decayed to half a replica, at
+    1 + 600 ln 2 = 416.9 s: the hint comes at 417."""
+    trace = trace_of(np.arange(0.5, 480.0, 1.0), duration=480.0)
     profiles = [Profile("p", ((1, 10.0),), 0.25, 0.25, cold_start_s=1.0, slo_ms=1000)]
     Recording.instances = []
     result = {}
@@ -939,7 +941,7 @@ def test_shoal_fixed_keeps_its_slices():
                                                        name=name), SimConfig(gpus=1))
         result[name] = (sim.run(), sim._slice_of[0])
     assert result["shoal"][1] == 0.125 and result["shoal-fixed"][1] == 0.25
-    assert result["shoal"][0]["served"] == result["shoal-fixed"][0]["served"] == 30
+    assert result["shoal"][0]["served"] == result["shoal-fixed"][0]["served"] == 480
 
 
 def test_cli_starts_cold_on_request(tmp_path, capsys):
