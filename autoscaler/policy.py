@@ -239,12 +239,7 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, batched, now, config)  # for the slice hint
-    # the need at this look's own rate, unaveraged: a burst shorter than rate_window_s reads at a
-    # fraction of its height in the average, and the reserve is for bursts no scale-up follows
-    # (the work view's, without the p95 boost: that reads the same burst's misses once more)
-    latest = (need.replicas / need.numbers[2] if need.by == "slo" else need.replicas) * snapshot.rps / rate_avg \
-        if need.by in ("work", "slo") and snapshot.rps > rate_avg > 0 else need.replicas
-    rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config, latest)
+    rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
     missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
@@ -899,19 +894,18 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, batched: tuple[f
 
 
 def _rise_sample(state: PolicyState, needs: tuple[NeedAt, ...], now: float, horizon_s: float,
-                 config: PolicyConfig, latest: float = -1.0) -> tuple[float, float | None, float, float | None]:
+                 config: PolicyConfig) -> tuple[float, float | None, float, float | None]:
     """(rise, rise_at, rise2, rise2_at) after this look. A rise is how far the need went up
     within `horizon_s` (a cold start and a look: what no scale-up can follow); the two largest
     of different bursts are kept, decaying with time constant reserve_memory_s, and the
     second is the reserve: a rise seen once (a one-off spike) holds nothing, one that came
     again holds the smaller of the two. A rise within `horizon_s` of the largest's is the same
-    burst still rising. `latest`: the need at the look's own rate (decide() gives the work view
-    unaveraged), where it is above the kept need: a one-second burst reads in the 5 s average at
-    1 - e^(-1/5) = 18 % of its height. E.g. rises 1.2 at t = 12 and 0.9 at t = 300: the reserve
-    is 0.9, and at t = 600 0.9 x e^(-300/600) = 0.55."""
+    burst still rising. E.g. rises 1.2 at t = 12 and 0.9 at t = 300: the reserve is 0.9, and
+    at t = 600 0.9 x e^(-300/600) = 0.55. The rise is of the need, which reads the rate's 5 s
+    average: a rise at the look's own rate was tried and taken back (docs/simlive.md)."""
     if config.reserve_memory_s <= 0:
         return 0.0, None, 0.0, None
-    x = max(needs[-1].replicas, latest) - window_min(needs, now, horizon_s)
+    x = needs[-1].replicas - window_min(needs, now, horizon_s)
     rise, rise_at, rise2, rise2_at = state.rise, state.rise_at, state.rise2, state.rise2_at
     if x <= 0:
         return rise, rise_at, rise2, rise2_at

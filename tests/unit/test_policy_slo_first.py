@@ -178,26 +178,6 @@ def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_le
     assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
 
 
-def test_a_one_look_burst_rises_by_its_own_rate_not_the_average():
-    # a batching model (40 ms at 1 row, 120 ms at 8; SLO 200 ms: p95 target 160 ms, a batch may
-    # take 80 ms: full batches of 4 rows, 0.04 + 3/7 x 0.08 = 74.3 ms) at 20 rps, then one
-    # look at 200 rps. At full batches a request is 74.3 / 4 = 18.6 ms of work, at duty 0.7:
-    # 20 rps needs 0.531 replicas, 200 rps 5.306. The rate's average (5 s) reads only
-    # 20 + 180 x (1 - e^-0.2) = 52.6 rps (a need of 1.396), a rise of 0.866; the reserve is
-    # for bursts no scale-up follows, so the rise is the look's own: 5.306 - 0.531 = 4.776
-    spec = ScalingSpec(slo_p95_ms=200.0, max_replicas=8)
-    table = ((1.0, 0.04), (8.0, 0.12))
-    state = PolicyState()
-    for t in range(31):
-        look = MetricsSnapshot("f", float(t), ready=2, duty=(0.1, 0.1), rps=200.0 if t == 30 else 20.0,
-                               batch_latency_s=table, cold_start_s=2.5, slice_fraction=0.25)
-        _, state = decide(look, spec, state, float(t))
-    assert state.rate_avg == pytest.approx(20.0 + 180.0 * (1.0 - math.exp(-0.2)))
-    assert state.needs[-1].replicas == pytest.approx(52.628 * 0.0742857 / 4 / 0.7, rel=1e-4)
-    assert (state.rise, state.rise_at) == (pytest.approx(200.0 * 0.0742857 / 4 / 0.7 - 20.0 * 0.0742857 / 4 / 0.7,
-                                                         rel=1e-5), 30.0)
-
-
 def test_reserve_off():
     off = PolicyConfig(reserve_memory_s=0.0)
     state = PolicyState()
