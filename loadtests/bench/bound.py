@@ -23,9 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from autoscaler.simulator import (
     BATCHERS, Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {}
     for name, trace, profiles, config in traces(False, args.seed, args.traces):
         out[name] = bound(trace, profiles or assign_profiles(trace, args.seed), replace(config, batcher=args.batcher))
-        print(describe(name, args.seed, out[name]), flush=True)
+        print(f"{describe(name, args.seed, out[name])} [batcher {args.batcher}]", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "batcher": args.batcher, "traces": out, "simulated": True}, indent=1))
     return 0

@@ -542,6 +542,8 @@ SLICE_CASES = [
     ("cold-p95-too-close", SPEC, CFG, {**COLD, "p95": 0.050}, None, "STABLE"),  # 50 x 2 = 100 > 80
     ("cold-p95-exactly-half", SPEC, CFG, {**COLD, "p95": 0.040}, 0.125, "SLICE"),  # 40 x 2 = 80 <= 80
     ("cold-p95-unknown", SPEC, CFG, {**COLD, "p95": None}, None, "STABLE"),
+    # 3 in flight / target 4 = a need of 0.75 replica, steady (no rise): half the slice could not carry it
+    ("cold-but-a-need-over-half", SPEC, CFG, {**COLD, "inflight": 3.0}, None, "STABLE"),
     ("cold-but-two-replicas", ScalingSpec(min_replicas=2), CFG, {**COLD, "ready": 2, "duty": (0.05, 0.05)},
      None, "STABLE"),  # only a lone replica shrinks; min 2 keeps it STABLE
     ("middling-duty", CAPPED, CFG, {**HOT, "duty": (0.5, 0.5)}, None, "STABLE"),

@@ -942,6 +942,11 @@ def test_shoal_fixed_keeps_its_slices():
         result[name] = (sim.run(), sim._slice_of[0])
     assert result["shoal"][1] == 0.125 and result["shoal-fixed"][1] == 0.25
     assert result["shoal"][0]["served"] == result["shoal-fixed"][0]["served"] == 480
+    # the same load ending at 416 s: no hint yet (the rise of the start from zero is over half a replica)
+    early = Recording(trace_of(np.arange(0.5, 416.0, 1.0), duration=416.0), profiles,
+                      S.ShoalPolicy(S.PolicyConfig(slice_window_s=5.0), name="shoal"), SimConfig(gpus=1))
+    early.run()
+    assert early._slice_of[0] == 0.25
 
 
 def test_cli_starts_cold_on_request(tmp_path, capsys):
