@@ -15,6 +15,7 @@ docs/design/simulator.md.
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import heapq
 import math
@@ -22,7 +23,7 @@ import time as _time
 import warnings
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -482,7 +483,6 @@ class Simulation:
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
-        self._by_rows: dict[tuple, list[float]] = {}  # batch_seconds per (latency table, largest batch)
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
@@ -838,11 +838,7 @@ class Simulation:
             fid = int(f[lo])
             mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
             speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
-            top = int(self.max_batch[fid])
-            key = (self.profiles[fid].latency_ms, top)
-            by_rows = self._by_rows.get(key)
-            if by_rows is None:
-                by_rows = self._by_rows[key] = batch_seconds(self.profiles[fid], top)
+            by_rows = batch_seconds(self.profiles[fid].latency_ms, int(self.max_batch[fid]))
             sizes, ends, busy, frees = serve_batched(a[lo:hi].tolist(), srv.free[mine].tolist(), speed.tolist(),
                                                      by_rows)
             srv.free[mine] = frees
@@ -1386,15 +1382,17 @@ def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float,
     return out
 
 
-def batch_seconds(profile: Profile, top: int) -> list[float]:
-    """A batch's seconds at 1 .. `top` rows on the profile's reference slice, its latency table
-    interpolated. E.g. ((1, 40), (8, 120)) ms, top 3: [0.04, 0.0514, 0.0629]."""
-    sizes = [float(b) for b, _ in profile.latency_ms]
-    secs = [ms / 1000.0 for _, ms in profile.latency_ms]
-    return np.interp(np.arange(1, top + 1, dtype=float), sizes, secs).tolist()
+@functools.lru_cache(maxsize=None)
+def batch_seconds(latency_ms: tuple[tuple[int, float], ...], top: int) -> tuple[float, ...]:
+    """A batch's seconds at 1 .. `top` rows on the reference slice, a profile's latency table
+    (`latency_ms`) interpolated; computed once per table and size, for the simulator's replicas
+    and the oracle's count alike. E.g. ((1, 40), (8, 120)) ms, top 3: (0.04, 0.0514, 0.0629)."""
+    sizes = [float(b) for b, _ in latency_ms]
+    secs = [ms / 1000.0 for _, ms in latency_ms]
+    return tuple(np.interp(np.arange(1, top + 1, dtype=float), sizes, secs).tolist())
 
 
-def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: list[float]
+def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: Sequence[float]
                   ) -> tuple[list[int], list[float], list[float], list[float]]:
     """shoal up's batcher with no queue delay (serving/batch_loop.py), exactly: requests at `times`
     (ascending) queue in one FIFO; the replica that frees first (free at `frees`, running
@@ -1450,18 +1448,16 @@ def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int,
 def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float, batcher: str = "rule") -> int:
     n = len(a)
     slo = profile.slo_ms / 1000.0
-    sizes = np.array([b for b, _ in profile.latency_ms], float)
-    secs = np.array([m for _, m in profile.latency_ms]) / 1000.0
     if batcher == "exact" and profile.max_batch > 1:
         # shoal up's batcher: more replicas make smaller batches, each request dearer, so whether c
         # replicas serve the tick need not hold for every larger c (e.g. 300 requests 1/300 s
         # apart on ((1, 40), (8, 120)) ms, SLO 200 ms: 9 replicas carry 8.91 s of batches in the
         # 1 s tick, 10 carry 10.06 s, 11 fit again): the fewest is found counting up from the
         # most rows a second of batches can carry (each row at its cheapest, a full batch's share)
-        times = a.tolist()
-        by_rows = batch_seconds(profile, profile.max_batch)
+        by_rows = batch_seconds(profile.latency_ms, profile.max_batch)
         if by_rows[0] > slo:
             return max(n, 1)  # a request alone is late: no count serves the tick in time
+        times = a.tolist()
         cheapest = min(x / b for b, x in enumerate(by_rows, 1))
         c = max(1, math.ceil(n * cheapest / tick_s - 1e-9))
         while c < n:
@@ -1471,6 +1467,8 @@ def _fewest_replicas(a: np.ndarray, profile: Profile, tick_s: float, batcher: st
                 return c
             c += 1
         return max(n, 1)
+    sizes = np.array([b for b, _ in profile.latency_ms], float)
+    secs = np.array([m for _, m in profile.latency_ms]) / 1000.0
     meets = _meets_by_rule(a, profile, tick_s, sizes, secs)
     low = max(1, math.ceil(n * secs[0] / tick_s / profile.max_batch))
     if meets(low):
