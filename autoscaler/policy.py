@@ -221,6 +221,7 @@ def decide(
 ) -> tuple[ScaleDecision, PolicyState]:
     current = snapshot.ready + snapshot.starting
     active = snapshot.demand > 0 or snapshot.rps > 0
+    state = _unlooked(state, snapshot, spec, now, config)
     gaps, gap_quantiles = state.gaps, state.gap_quantiles
     if active and state.last_active_at is not None and now - state.last_active_at >= config.gap_min_s:
         gaps = (gaps + (now - state.last_active_at,))[-config.gaps_kept:]
@@ -254,6 +255,72 @@ def decide(
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
     return _with_slice_hint(decision, snapshot, spec, state, now, config)
+
+
+def _unlooked(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, now: float,
+              config: PolicyConfig) -> PolicyState:
+    """The state as the looks a caller skipped after an idle one would have left it (quiet_until
+    lets a caller with many idle functions skip them; the live controller looks every tick): a
+    look measured over `snapshot.window_s` more than that after an idle look (one that saw no
+    traffic) finds the skipped looks idle too. Their averages (rate, in flight, variance, duty)
+    decay toward 0 up to the last skipped look, at now - window_s; the error budget's windows
+    that ended meanwhile close as an idle look closes them (quiet_until wakes the caller for one
+    whose close could change the count); and the last skipped look's need, what an idle look
+    reads from the decayed rate (and the spare), joins the needs, so a window of the last few
+    seconds holds an idle need as it would live. E.g. a rate average of 4/s at an idle look at
+    100, the next look at 120 measured over 1 s: 4 x e^(-19/5) = 0.09/s at 119, then this look's
+    sample. Unchanged where nothing was skipped (a look within window_s of the last, a look
+    between ticks: window_s 0, one after an active look)."""
+    window = snapshot.window_s
+    if (window <= 0 or state.rate_at is None or state.rate_avg is None or state.inflight_avg is None
+            or state.last_active_at is None or state.last_active_at >= state.rate_at - EPS):
+        return state
+    last = now - window
+    idle = last - state.rate_at
+    if idle <= EPS:
+        return state
+    rate_avg = state.rate_avg * math.exp(-idle / config.rate_window_s)
+    inflight_avg = state.inflight_avg * math.exp(-idle / config.concurrency_window_s) \
+        if config.concurrency_window_s > 0 else 0.0
+    rate_var, rps_last_at = state.rate_var, state.rps_last_at
+    if rps_last_at is not None and config.dispersion_window_s > 0 and last - rps_last_at > EPS:
+        # idle looks 0 after 0: a difference of 0 each
+        rate_var = rate_var * math.exp(-(last - rps_last_at) / config.dispersion_window_s)
+        rps_last_at = last
+    duty_avg, duty_last = state.duty_avg, state.duty_last
+    if duty_avg is not None and duty_last is not None and last - duty_last > EPS:
+        duty_avg, duty_last = duty_avg * math.exp(-(last - duty_last) / config.slice_window_s), last
+    budget, served, served_over = state.budget, state.served, state.served_over
+    if budget is not None:
+        ended = math.floor((last - budget.since) / config.budget_window_s + EPS) if config.budget_window_s > 0 else 0
+        if ended > 0:  # the first closes what it holds, the rest are empty (clean)
+            fraction = served_over / served if served > 0 else 0.0
+            spare, clean = _close_window(budget.spare, budget.clean, fraction, config)
+            for _ in range(ended - 1):
+                spare, clean = _close_window(spare, clean, 0.0, config)
+            budget = Budget(budget.since + ended * config.budget_window_s, spare, clean,
+                            fraction if ended == 1 else 0.0)
+            served = served_over = 0.0
+    # the needs of the skipped looks inside the longest window (and the one before it), as each
+    # read the averages decayed to its time
+    idle_look = snapshot._replace(rps=0.0, inflight=0.0, queued=0.0, activator_queue=0, service_s=None,
+                                  duty=tuple(0.0 for _ in snapshot.duty), p95_s=None, over_slo=0.0)
+    batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
+    spare = budget.spare if budget is not None and snapshot.ready else 0
+    skipped = min(math.floor(idle / window + EPS), math.ceil(config.kept_s / window) + 1)
+    needs = state.needs
+    for k in range(skipped, -1, -1):
+        at = last - k * window
+        back = last - at
+        need = _estimate_need(idle_look, spec, config, batched, rate_avg * math.exp(back / config.rate_window_s),
+                              inflight_avg * math.exp(back / config.concurrency_window_s)
+                              if config.concurrency_window_s > 0 else 0.0, rate_var).replicas
+        needs = _kept_needs(needs, at, need + spare if need > 0 else need, config)
+    return state._replace(rate_avg=rate_avg, inflight_avg=inflight_avg, rate_at=last, rate_var=rate_var,
+                          rps_last=0.0 if state.rps_last is not None else None, rps_last_at=rps_last_at,
+                          duty_avg=duty_avg, duty_last=duty_last, budget=budget, served=served,
+                          served_over=served_over, needs=needs,
+                          peak=_window_peak(state.peak, needs, last, config.scale_down_delay_s))
 
 
 # ---------------------------------------------------------------------- the need
@@ -723,6 +790,10 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     if state.last_active_at is None:
         return now
     until = state.last_active_at + keep_alive_s(state, spec, config)
+    budget = state.budget
+    if budget is not None and (budget.spare or state.served_over > config.miss_budget * state.served):
+        # the budget window's end may add a spare (or, clean, take one): a look then
+        until = min(until, budget.since + config.budget_window_s)
     onset = next_onset(state, config)
     if onset is not None:
         until = min(until, state.last_active_at + config.periodic_keep_s)
@@ -809,16 +880,20 @@ def _budget_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,
     if now - budget.since < config.budget_window_s - EPS:
         return budget, requests, over
     fraction = over / requests if requests > 0 else 0.0
-    spare, clean = budget.spare, budget.clean
+    spare, clean = _close_window(budget.spare, budget.clean, fraction, config)
+    return Budget(now, spare, clean, fraction), 0.0, 0.0
+
+
+def _close_window(spare: int, clean: int, fraction: float, config: PolicyConfig) -> tuple[int, int]:
+    """(spare, clean) once a budget window with `fraction` of its requests over the SLO ends."""
     if fraction > config.miss_budget:
-        spare, clean = min(spare + 1, config.max_spare), 0
-    elif fraction < config.miss_budget * config.budget_clean_share:
+        return min(spare + 1, config.max_spare), 0
+    if fraction < config.miss_budget * config.budget_clean_share:
         clean += 1
         if clean >= config.budget_clean_windows and spare:
-            spare, clean = spare - 1, 0
-    else:
-        clean = 0
-    return Budget(now, spare, clean, fraction), 0.0, 0.0
+            return spare - 1, 0
+        return spare, clean
+    return spare, 0
 
 
 def _rate_sample(state: PolicyState, snapshot: MetricsSnapshot, now: float,

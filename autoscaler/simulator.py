@@ -47,6 +47,8 @@ RATE_WINDOW_S = ControllerConfig().rate_window_s
 TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BATCHERS = ("rule", "exact")  # SimConfig.batcher
+# no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy, rows
+NOTHING_ANSWERING = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
 GATEWAY_BOUNDS = np.array(LATENCY_BUCKETS_S + (math.inf,))  # the histogram the controller reads p95 from
@@ -488,8 +490,12 @@ class Simulation:
         self.tick_n = np.zeros(n)
         self.tick_lat = np.zeros(n)
         self.tick_busy = np.zeros(n)
-        self.tick_p95 = np.full(n, np.nan)
-        self.tick_over = np.zeros(n)  # requests over their SLO
+        # what the look at the tick's end reads (_observe): requests answered by then, busy time run
+        self.seen_n = np.zeros(n)
+        self.seen_busy = np.zeros(n)
+        self.seen_p95 = np.full(n, np.nan)
+        self.seen_over = np.zeros(n)  # requests over their SLO
+        self._answering = list(NOTHING_ANSWERING)  # (answered at, function, latency, occupancy, rows)
         self.tick_refused = np.zeros(n)  # held requests that timed out (the gateway's 504: a miss it counts)
         self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
         # totals
@@ -674,16 +680,19 @@ class Simulation:
     # ------------------------------------------------------------------ serving
 
     def _serve(self, a: np.ndarray, f: np.ndarray, t0: float, t1: float) -> None:
+        """The tick's requests served (their outcomes counted now), then what the controller's
+        look at t1 reads of them and of those before (_observe): the requests answered by t1."""
         stretch = self._stretch(t0) if self._shared_on is not None else None
         self.tick_n[:] = 0.0
         self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
         self.tick_scraped[:] = True
-        self.tick_p95[:] = np.nan
-        self.tick_over[:] = 0.0
         self.tick_refused[:] = 0.0
-        if len(a) == 0:
-            return
+        if len(a):
+            self._serve_arrivals(a, f, t0, stretch)
+        self._observe(t0, t1)
+
+    def _serve_arrivals(self, a: np.ndarray, f: np.ndarray, t0: float, stretch: np.ndarray | None) -> None:
         dt = self.config.tick_s
         held_s = self._held_s(a, f, t0)
         hop = self._hops()
@@ -698,12 +707,13 @@ class Simulation:
         slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]  # by function, earliest free first
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
         service, latency_extra = self._service_times(n_f, slots, t0, dt, stretch)
-        parts = []
+        parts, came = [], []  # each path's answers, in the order of its requests' arrivals (came)
         n_rest = n_f
         if self.config.batcher == "exact":  # batching functions by shoal up's batcher, the rest below
             batching = self._batching[f]
             if batching.any():
                 parts.append(self._serve_batches(a[batching], f[batching], slots, offset, stretch))
+                came.append(a[batching])
                 a, f = a[~batching], f[~batching]
                 n_rest = np.bincount(f, minlength=len(self.profiles))
                 first = np.cumsum(n_rest) - n_rest
@@ -718,16 +728,19 @@ class Simulation:
         if uneven.any():
             mask = uneven[f]
             parts.append(self._serve_one_by_one(a[mask], f[mask], slots, offset, service, latency_extra))
+            came.append(a[mask])
             a, f = a[~mask], f[~mask]
         if len(a):
             parts.append(self._serve_interleaved(a, f, t0, slots, offset, service, latency_extra))
+            came.append(a)
         f, latency, s, rows = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
+        end = (np.concatenate(came) if len(came) > 1 else came[0]) + latency  # answered at (a hop included)
         if hop is not None:
             latency = latency + hop[f]
         self._account(f, latency, s, n_f)
         if held_s is not None:  # in flight counts requests inside replicas (the gateway's held apart)
             self.tick_lat -= held_s
-        self._learn_batches(f, rows, n_f)
+        self._answering = [np.concatenate(x) for x in zip(self._answering, (end, f, latency, s, rows))]
 
     # ------------------------------------------------------------------ the baselines' request paths
 
@@ -793,7 +806,9 @@ class Simulation:
                 done = t0 + np.maximum(cm, floor) + before + s
         last = np.flatnonzero(np.r_[g[1:] != g[:-1], True])
         srv.free[slots[g[last]]] = done[last]
-        return f, done - a + extra, s, rows
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))  # in the order the requests came in, as the other paths
+        return f[back], (done - a + extra)[back], s[back], rows[back]
 
     def _serve_one_by_one(self, a, f, slots, offset, service, latency_extra):
         """Earliest-free replica first, one request at a time (a heap per function). With
@@ -928,6 +943,10 @@ class Simulation:
         return out
 
     def _account(self, f: np.ndarray, latency: np.ndarray, s: np.ndarray, n_f: np.ndarray) -> None:
+        """The tick's requests: their outcomes (answered, within the SLO, timed out, the latency
+        histogram of the record) and the work they brought, by arrival (the gateway's count,
+        in flight by Little's law, their replicas' occupancy): what the lending and the
+        sharing of a device weigh. What the policy's look reads is _observe's."""
         n = len(self.profiles)
         self.served += len(latency)
         ok = latency <= self.slo_s[f]
@@ -937,6 +956,38 @@ class Simulation:
         self.tick_n[:] = n_f
         self.tick_lat[:] = np.bincount(f, weights=latency, minlength=n)
         self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
+
+    def _observe(self, t0: float, t1: float) -> None:
+        """What a look at t1 reads of the requests answered or being run (`_answering`): as the
+        gateway's histogram and the replicas' counters grow, a request counts (rps, p95, the share
+        over the SLO, the batches learned) once it is answered, by t1, and its replica's busy time
+        as it runs, each tick its overlap with the run of its batch: a request whose batch ran
+        0.9-1.1 s counts half its occupancy at the look at 1 s, half and its answer at 2 s. Live,
+        a request that arrived at 0.95 s and is answered at 1.05 s is in no window of the look at
+        1 s; the simulator counted it there, latency and all, before it was answered."""
+        end, f, latency, share, rows = self._answering
+        n = len(self.profiles)
+        self.seen_n[:] = 0.0
+        self.seen_busy[:] = 0.0
+        self.seen_p95[:] = np.nan
+        self.seen_over[:] = 0.0
+        if not len(end):
+            return
+        run = share * rows  # the seconds of its batch, which ended when it was answered
+        start = np.maximum(end - run, end - latency)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            part = np.where(end > start, (np.minimum(end, t1) - np.maximum(start, t0)) / (end - start), 1.0)
+        self.seen_busy[:] = np.bincount(f, weights=share * np.clip(part, 0.0, 1.0), minlength=n)
+        done = end <= t1 + 1e-9
+        if not done.all():
+            self._answering = [x[~done] for x in self._answering]
+            f, latency, share, rows = f[done], latency[done], share[done], rows[done]
+        else:
+            self._answering = list(NOTHING_ANSWERING)
+        if not len(f):
+            return
+        n_f = np.bincount(f, minlength=n)
+        self.seen_n[:] = n_f
         # p95 and the share over the SLO as the controller reads them: from the gateway's latency
         # histogram (from arrival), interpolated inside its buckets (metrics.quantile,
         # fraction_over); e.g. 8 requests of 60-95 ms and one of 110 ms: p95 in (0.1, 0.15],
@@ -947,10 +998,11 @@ class Simulation:
         width = len(GATEWAY_BOUNDS)
         counts = np.bincount(row[f] * width + np.searchsorted(GATEWAY_BOUNDS, latency, side="left"),
                              minlength=len(present) * width).reshape(len(present), width).cumsum(axis=1)
-        self.tick_p95[present] = quantiles(GATEWAY_BOUNDS, counts, 0.95)
-        self.tick_over[present] = fractions_over(GATEWAY_BOUNDS, counts, self.slo_s[present]) * n_f[present]
+        self.seen_p95[present] = quantiles(GATEWAY_BOUNDS, counts, 0.95)
+        self.seen_over[present] = fractions_over(GATEWAY_BOUNDS, counts, self.slo_s[present]) * n_f[present]
+        self._learn_batches(f, rows, share, n_f)
 
-    def _learn_batches(self, f: np.ndarray, rows: np.ndarray, n_f: np.ndarray) -> None:
+    def _learn_batches(self, f: np.ndarray, rows: np.ndarray, share: np.ndarray, n_f: np.ndarray) -> None:
         """What the controller learns of the tick's batches, per batching function that ran any:
         its window as metrics.batch_window reads a replica's counters (requests per batch,
         seconds per batch: a request is 1/rows of a batch, its occupancy its share of the
@@ -962,7 +1014,7 @@ class Simulation:
         if not len(fids):
             return
         batches = np.bincount(f, weights=1.0 / rows, minlength=len(n_f))[fids]
-        sizes, seconds = n_f[fids] / batches, self.tick_busy[fids] / batches
+        sizes, seconds = n_f[fids] / batches, np.bincount(f, weights=share, minlength=len(n_f))[fids] / batches
         # batches of one: each request's occupancy is the batch's seconds, exactly (a sum of n
         # equal occupancies over n differs in its last bits from tick to tick)
         seconds = np.where(sizes == 1.0, self._occupancy[fids], seconds)
@@ -1015,7 +1067,7 @@ class Simulation:
         """Every function with replicas, except idle ones its policy said it would leave
         alone until later (looked at again at that time or at their next request); then
         those without one that hold requests."""
-        live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0)))
+        live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0) | (self.seen_n > 0)))
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
         fresh = np.flatnonzero((ready > 0) & ~self._measured)
@@ -1042,15 +1094,15 @@ class Simulation:
         if not len(fids):
             return
         dt = self.config.tick_s
-        n, scraped = self.tick_n[fids], self.tick_scraped[fids]
-        seen, busy = n * scraped, self.tick_busy[fids] * scraped  # what the replicas' scrapes saw
+        n, scraped = self.seen_n[fids], self.tick_scraped[fids]
+        seen, busy = n * scraped, self.seen_busy[fids] * scraped  # what the replicas' scrapes saw
         with np.errstate(divide="ignore", invalid="ignore"):
             duty = np.where(ready > 0, np.minimum(1.0, busy / (ready * dt)), 0.0)
             service = np.where(seen > 0, busy / seen, np.nan)
             # the gateway's: it saw them all, the held ones that timed out as misses past every bound
             refused = self.tick_refused[fids]
-            over_slo = np.where(n + refused > 0, (self.tick_over[fids] + refused) / (n + refused), 0.0)
-            p95 = np.where(refused > 0.05 * (n + refused), GATEWAY_BOUNDS[-2], self.tick_p95[fids])
+            over_slo = np.where(n + refused > 0, (self.seen_over[fids] + refused) / (n + refused), 0.0)
+            p95 = np.where(refused > 0.05 * (n + refused), GATEWAY_BOUNDS[-2], self.seen_p95[fids])
         tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
                           duty.tolist(), (seen / dt).tolist(), p95.tolist(), service.tolist(),
                           over_slo.tolist(), now, dt)
@@ -1256,12 +1308,14 @@ class Simulation:
         """Per device, its ready replicas' duty in the last tick times their slice, summed, as
         ReplicaScaler._note_activity adds it up: e.g. two 1/8 replicas busy half the time,
         2 x 0.5 x 1/8 = 0.125 of the device. `scraped`: as a scrape reads it (at most 1, none
-        for work no scrape saw); else the work the tick's requests brought, queued beyond it too."""
+        for work no scrape saw: the busy time run in the tick, _observe); else the work the tick's
+        requests brought, queued beyond it too."""
         srv = self.servers
         slots = np.flatnonzero(srv.alive & (srv.ready_at <= now))
         f = srv.fid[slots]
         ready = np.bincount(f, minlength=len(self.slots))
-        duty = self.tick_busy[f] / (ready[f] * self.config.tick_s)
+        busy = self.seen_busy if scraped else self.tick_busy
+        duty = busy[f] / (ready[f] * self.config.tick_s)
         if scraped:
             duty = np.minimum(1.0, duty * self.tick_scraped[f])
         return np.bincount(srv.device[slots], weights=duty * srv.slice[slots], minlength=len(self._device_index))

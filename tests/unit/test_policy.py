@@ -37,6 +37,7 @@ from autoscaler.policy import (
     decide,
     estimate_need,
     next_onset,
+    quiet_until,
     trend_need,
     window_max,
     window_start,
@@ -902,3 +903,40 @@ def test_a_carried_peak_decides_as_a_scan_would(config, looks):
         b, scanned = decide(snapshot, spec, scanned._replace(peak=None), now, config)
         assert a == b
         assert carried == scanned
+
+
+def _looked(traffic: dict[int, float], skip: bool, seconds: int = 120) -> list[tuple[int, int, float]]:
+    """(second, desired, rate average) of each look at one function with 1 s looks, traffic[t]
+    requests/s at second t (each request 40 ms, two batch sizes learned), the count taking
+    effect at once; skip: the looks quiet_until lets a caller skip after an idle one skipped."""
+    spec = ScalingSpec(max_replicas=8, slo_p95_ms=200.0)
+    state, current, quiet, out = PolicyState(), 1, -1.0, []
+    for t in range(1, seconds + 1):
+        rps = traffic.get(t, 0.0)
+        if skip and rps == 0 and t < quiet:
+            continue
+        snapshot = MetricsSnapshot("f", float(t), ready=current, rps=rps, inflight=rps * 0.04,
+                                   service_s=0.04 if rps else None, duty=(min(1.0, rps * 0.04 / current),) * current,
+                                   p95_s=0.05 if rps else None, over_slo=0.0, cold_start_s=2.0, window_s=1.0)
+        decision, state = decide(snapshot, spec, state, float(t), CFG)
+        current = max(1, decision.desired)
+        quiet = quiet_until(state, spec, current, float(t), 2.0, CFG) if rps == 0 else -1.0
+        out.append((t, current, state.rate_avg))
+    return out
+
+
+@pytest.mark.parametrize("traffic", [
+    {t: 30.0 for t in range(1, 11)} | {t: 90.0 for t in range(50, 55)},  # a burst after 39 s idle
+    {t: 10.0 for t in range(1, 6)} | {40: 5.0} | {t: 60.0 for t in range(70, 73)},  # a lone request, then a burst
+], ids=["burst-after-silence", "lone-request-then-burst"])
+def test_skipped_idle_looks_leave_the_state_as_looking_would(traffic):
+    """A caller that skips the looks quiet_until allows after an idle look (the simulator) and
+    one that looks every second (the live controller) decide alike at every look the first
+    takes, and read the same rate average there: the look after a skip finds the skipped looks
+    idle (_unlooked), so a burst after a silence reads the rise a look each second reads."""
+    every = {t: (desired, rate) for t, desired, rate in _looked(traffic, skip=False)}
+    skipping = _looked(traffic, skip=True)
+    assert len(skipping) < len(every)  # some were skipped
+    for t, desired, rate in skipping:
+        assert desired == every[t][0], t
+        assert rate == pytest.approx(every[t][1], rel=1e-9, abs=1e-12), t

@@ -108,3 +108,18 @@ def test_the_gateway_and_the_simulator_share_the_bounds():
     from serving.metrics import LATENCY_BUCKETS_S as SERVED
 
     assert SERVED is LATENCY_BUCKETS_S
+
+
+def test_a_request_is_read_once_answered_and_its_busy_time_as_it_runs():
+    # the replica is ready at 2.5 (the first request, at 0, starts it); one request at 3.98 runs
+    # 3.98-4.02 s. Live, the look at 4 s sees it in flight, not answered: no rate, no latency, and
+    # the replica's busy counter holds the 0.02 s it has run (serving/executor.py counts the call
+    # running); the look at 5 s reads it answered, with the other 0.02 s
+    seen, record = run([0.0, 3.98], duration=6.0)
+    at4, at5 = seen[4.0], seen[5.0]
+    assert (at4.rps, at4.p95_s, at4.over_slo) == (0.0, None, 0.0)
+    assert at4.duty == pytest.approx((0.02,))
+    assert at5.rps == 1.0
+    assert at5.p95_s == pytest.approx(0.04875)  # 40 ms in (0.025, 0.05]: 0.025 + 0.025 x 0.95
+    assert at5.duty == pytest.approx((0.02,))
+    assert record["served"] == 2  # counted as served in the tick it came, whatever the looks read
