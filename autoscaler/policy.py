@@ -1040,20 +1040,22 @@ def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[N
                    horizon_s: float, config: PolicyConfig) -> tuple[float, ...]:
     """(start, last) of the last two bursts that missed, flattened: runs of looks, each within
     `horizon_s` (a cold start and a look) of the last, where more than miss_budget of the
-    window's requests were over the SLO while the need had risen within `horizon_s` by at least
-    MISSED_RISE replicas. A run longer than MISSED_SHORT horizons is a step, not a burst the
+    window's requests were over the SLO, begun at one where the need had risen within
+    `horizon_s` by at least MISSED_RISE replicas (the looks after it miss rising or not: a
+    backlog draining after a spike is the spike's run). A run longer than MISSED_SHORT horizons is a step, not a burst the
     reserve could hold (a spike the cluster cannot follow, a backlog): its start becomes -1.
     E.g. misses at 50-51 and 144-147 with a 3.5 s horizon: (50, 51, 144, 147), two short bursts."""
     if config.reserve_memory_s <= 0 or snapshot.over_slo <= config.miss_budget or not needs:
         return state.missed_at
-    if needs[-1].replicas - window_min(needs, now, horizon_s) < MISSED_RISE:
-        return state.missed_at
     m = state.missed_at
-    # the same burst, still missing; a share over the SLO read over a window longer than the
-    # horizon (a PromQL rate over 30 s) still shows the last burst's misses for that long
+    # the same burst, still missing, rising or not (a backlog drained after a spike misses for
+    # as long as it takes); a share over the SLO read over a window longer than the horizon (a
+    # PromQL rate over 30 s) still shows the last burst's misses for that long
     if m and now - m[-1] <= max(horizon_s, snapshot.window_s):
         began = m[-2] if m[-2] >= 0 and now - m[-2] <= MISSED_SHORT * horizon_s else -1.0
         return m[:-2] + (began, now)
+    if needs[-1].replicas - window_min(needs, now, horizon_s) < MISSED_RISE:
+        return m  # a new burst is one that rose
     return (m + (now, now))[-4:]
 
 

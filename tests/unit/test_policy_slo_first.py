@@ -198,10 +198,14 @@ def missed(looks: list[tuple[float, float, float]], horizon: float = NEEDS_HORIZ
 def test_missed_bursts_are_runs_of_looks_that_missed_while_the_need_rose():
     calm = [(float(t), 0.5, 0.0) for t in range(10)]
     # t = 10, 11: the need rose 0.5 -> 2.0 and half the requests missed: one burst (10, 11);
-    # t = 14 missed with no rise within the horizon (2.0 since 10.5): not a burst's look
-    burst = [(10.0, 2.0, 0.5), (11.0, 2.0, 0.4), (12.0, 2.0, 0.0), (13.0, 2.0, 0.0), (14.0, 2.0, 0.3)] \
-        + [(float(t), 0.5, 0.0) for t in range(15, 50)]
+    # t = 15 missed with no rise within the horizon (2.0 since 10.5), 4 s after the burst's
+    # last miss: not a burst's look
+    burst = [(10.0, 2.0, 0.5), (11.0, 2.0, 0.4), (12.0, 2.0, 0.0), (13.0, 2.0, 0.0), (14.0, 2.0, 0.0),
+             (15.0, 2.0, 0.3)] + [(float(t), 0.5, 0.0) for t in range(16, 50)]
     assert missed(calm + burst) == (10.0, 11.0)
+    # within the horizon of the burst's last miss (3 s after 11), a miss is the same burst
+    # still missing, rising or not: (10, 14)
+    assert missed(calm + burst[:4] + [(14.0, 2.0, 0.3)]) == (10.0, 14.0)
     # misses under the budget (0.1 %), or a rise under half a replica: none
     assert missed(calm + [(10.0, 2.0, 0.0005)]) == ()
     assert missed(calm + [(10.0, 0.9, 0.5)]) == ()
@@ -217,6 +221,13 @@ def test_a_run_of_misses_longer_than_three_horizons_is_a_step_not_a_burst():
     step = [(float(t), 0.5, 0.0) for t in range(10)] + [(float(t), 0.5 + (t - 9), 0.9) for t in range(10, 25)]
     assert missed(step[:21]) == (10.0, 20.0)
     assert missed(step) == (-1.0, 24.0)
+    # a spike on a full cluster: the need rose at t = 10-11 and then fell, while the backlog it
+    # left missed every look to t = 40 (the spike trace's, as looks read requests once answered):
+    # one run of 30 s, a step; before, the looks that did not rise were no part of it, and the
+    # burst read (10, 11), short, as if the replicas had caught up
+    backlog = [(float(t), 0.5, 0.0) for t in range(10)] + [(10.0, 5.0, 1.0), (11.0, 9.0, 1.0)] \
+        + [(float(t), 9.0 - 0.2 * (t - 11), 1.0) for t in range(12, 41)]
+    assert missed(backlog) == (-1.0, 40.0)
 
 
 def test_the_reserve_holds_the_largest_rise_once_two_short_bursts_missed():
