@@ -71,7 +71,8 @@ def look_each(tick: Tick, functions: Functions, states: dict[int, PolicyState],
               config: PolicyConfig = DEFAULT_CONFIG) -> tuple[list[Looked], list[float]]:
     """decide() for each function of the tick, its state kept in `states`. Returns the looks
     to act on, and per function until when it may be left alone: for one idle (nothing in
-    flight, held or answered, none starting) whose count stays, policy.quiet_until; else 0
+    flight, held or answered, none starting) whose count stays, policy.quiet_until (the caller
+    looks again sooner if a request arrives, is answered or runs); else 0
     (look again next tick; for the looks to act on, the caller decides once it has acted)."""
     acted: list[Looked] = []
     quiet: list[float] = []

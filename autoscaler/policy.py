@@ -307,7 +307,8 @@ def _unlooked(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, 
                                   duty=tuple(0.0 for _ in snapshot.duty), p95_s=None, over_slo=0.0)
     batched = full_batch(snapshot.batch_latency_s, batch_budget_s(spec, config))
     spare = budget.spare if budget is not None and snapshot.ready else 0
-    skipped = min(math.floor(idle / window + EPS), math.ceil(config.kept_s / window) + 1)
+    # the skipped looks at last, last - window, ... after the last look (not at it)
+    skipped = min(math.ceil(idle / window - EPS) - 1, math.ceil(config.kept_s / window) + 1)
     needs = state.needs
     for k in range(skipped, -1, -1):
         at = last - k * window
@@ -785,15 +786,21 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     the count, so a caller with many idle functions may skip looking until then. The
     first of: idle_to_zero_s after the last activity; for periodic traffic, the early
     zero and the next pre-warm; the end of the delay window of the last need that kept
-    `current` replicas. E.g. last active at 100, idle_to_zero 60, needs (100, 2.0) on 2
-    replicas, delay 30: min(160, 100 + 30) = 130."""
+    `current` replicas; the end of the error budget's window when its close adds a spare (more
+    than miss_budget of its requests over the SLO), or the close that would take one (the
+    budget_clean_windows-th clean one in a row); decide() closes the windows between
+    (_unlooked). E.g. last active at 100, idle_to_zero 60, needs (100, 2.0) on 2 replicas,
+    delay 30: min(160, 100 + 30) = 130; with 1 spare, 35 clean windows and the window begun
+    at 95: min(130, 95 + 5 x 30) = 130."""
     if state.last_active_at is None:
         return now
     until = state.last_active_at + keep_alive_s(state, spec, config)
     budget = state.budget
-    if budget is not None and (budget.spare or state.served_over > config.miss_budget * state.served):
-        # the budget window's end may add a spare (or, clean, take one): a look then
-        until = min(until, budget.since + config.budget_window_s)
+    if budget is not None and state.served_over > config.miss_budget * state.served:
+        until = min(until, budget.since + config.budget_window_s)  # its close adds a spare
+    elif budget is not None and budget.spare:  # the close that takes one, if all are clean
+        until = min(until, budget.since + max(1, config.budget_clean_windows - budget.clean)
+                    * config.budget_window_s)
     onset = next_onset(state, config)
     if onset is not None:
         until = min(until, state.last_active_at + config.periodic_keep_s)
@@ -1041,20 +1048,22 @@ def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[N
     """(start, last) of the last two bursts that missed, flattened: runs of looks, each within
     `horizon_s` (a cold start and a look) of the last, where more than miss_budget of the
     window's requests were over the SLO, begun at one where the need had risen within
-    `horizon_s` by at least MISSED_RISE replicas (the looks after it miss rising or not: a
-    backlog draining after a spike is the spike's run). A run longer than MISSED_SHORT horizons is a step, not a burst the
+    `horizon_s` by at least MISSED_RISE replicas (where each look reads its own share, the
+    looks after it miss rising or not: a backlog draining after a spike is the spike's run). A run longer than MISSED_SHORT horizons is a step, not a burst the
     reserve could hold (a spike the cluster cannot follow, a backlog): its start becomes -1.
     E.g. misses at 50-51 and 144-147 with a 3.5 s horizon: (50, 51, 144, 147), two short bursts."""
     if config.reserve_memory_s <= 0 or snapshot.over_slo <= config.miss_budget or not needs:
         return state.missed_at
     m = state.missed_at
-    # the same burst, still missing, rising or not (a backlog drained after a spike misses for
-    # as long as it takes); a share over the SLO read over a window longer than the horizon (a
-    # PromQL rate over 30 s) still shows the last burst's misses for that long
-    if m and now - m[-1] <= max(horizon_s, snapshot.window_s):
+    rose = needs[-1].replicas - window_min(needs, now, horizon_s) >= MISSED_RISE
+    # the same burst, still missing: rising or not where the share over the SLO is the look's
+    # own (a backlog drained after a spike misses for as long as it takes), rising where it is
+    # read over a window longer than the horizon (a PromQL rate over 30 s shows the last
+    # burst's misses for that long: its tail is no new miss)
+    if m and now - m[-1] <= max(horizon_s, snapshot.window_s) and (rose or snapshot.window_s <= horizon_s):
         began = m[-2] if m[-2] >= 0 and now - m[-2] <= MISSED_SHORT * horizon_s else -1.0
         return m[:-2] + (began, now)
-    if needs[-1].replicas - window_min(needs, now, horizon_s) < MISSED_RISE:
+    if not rose:
         return m  # a new burst is one that rose
     return (m + (now, now))[-4:]
 

@@ -47,8 +47,9 @@ RATE_WINDOW_S = ControllerConfig().rate_window_s
 TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BATCHERS = ("rule", "exact")  # SimConfig.batcher
-# no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy, rows
-NOTHING_ANSWERING = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
+# no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy,
+# rows, read (a timed-out one is read at its timeout, before its replica is done with it)
+NOTHING_ANSWERING = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, bool))
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
 GATEWAY_BOUNDS = np.array(LATENCY_BUCKETS_S + (math.inf,))  # the histogram the controller reads p95 from
@@ -495,7 +496,7 @@ class Simulation:
         self.seen_busy = np.zeros(n)
         self.seen_p95 = np.full(n, np.nan)
         self.seen_over = np.zeros(n)  # requests over their SLO
-        self._answering = list(NOTHING_ANSWERING)  # (answered at, function, latency, occupancy, rows)
+        self._answering = list(NOTHING_ANSWERING)  # (answered at, function, latency, occupancy, rows, read)
         self.tick_refused = np.zeros(n)  # held requests that timed out (the gateway's 504: a miss it counts)
         self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
         # totals
@@ -740,7 +741,8 @@ class Simulation:
         self._account(f, latency, s, n_f)
         if held_s is not None:  # in flight counts requests inside replicas (the gateway's held apart)
             self.tick_lat -= held_s
-        self._answering = [np.concatenate(x) for x in zip(self._answering, (end, f, latency, s, rows))]
+        self._answering = [np.concatenate(x) for x in zip(self._answering,
+                                                          (end, f, latency, s, rows, np.zeros(len(end), bool)))]
 
     # ------------------------------------------------------------------ the baselines' request paths
 
@@ -965,8 +967,9 @@ class Simulation:
         0.9-1.1 s counts half its occupancy at the look at 1 s, half and its answer at 2 s. Live,
         a request that arrived at 0.95 s and is answered at 1.05 s is in no window of the look at
         1 s; the simulator counted it there, latency and all, before it was answered."""
-        end, f, latency, share, rows = self._answering
+        end, f, latency, share, rows, read = self._answering
         n = len(self.profiles)
+        limit = self.config.timeout_s
         self.seen_n[:] = 0.0
         self.seen_busy[:] = 0.0
         self.seen_p95[:] = np.nan
@@ -978,14 +981,19 @@ class Simulation:
         with np.errstate(divide="ignore", invalid="ignore"):
             part = np.where(end > start, (np.minimum(end, t1) - np.maximum(start, t0)) / (end - start), 1.0)
         self.seen_busy[:] = np.bincount(f, weights=share * np.clip(part, 0.0, 1.0), minlength=n)
-        done = end <= t1 + 1e-9
-        if not done.all():
-            self._answering = [x[~done] for x in self._answering]
-            f, latency, share, rows = f[done], latency[done], share[done], rows[done]
-        else:
+        # one slower than the timeout is answered (504) at it, its latency the timeout, and read
+        # then; its replica runs it on to the end (busy till then)
+        late = latency > limit
+        answered = np.where(late, end - latency + limit, end) if late.any() else end
+        now = (answered <= t1 + 1e-9) & ~read
+        gone = end <= t1 + 1e-9  # each read by now: answered <= end
+        if gone.all():
             self._answering = list(NOTHING_ANSWERING)
-        if not len(f):
+        else:
+            self._answering = [x[~gone] for x in (end, f, latency, share, rows, read | now)]
+        if not now.any():
             return
+        f, latency, share, rows = f[now], np.minimum(latency[now], limit), share[now], rows[now]
         n_f = np.bincount(f, minlength=n)
         self.seen_n[:] = n_f
         # p95 and the share over the SLO as the controller reads them: from the gateway's latency
@@ -1065,9 +1073,10 @@ class Simulation:
 
     def _decide_all(self, t1: float) -> None:
         """Every function with replicas, except idle ones its policy said it would leave
-        alone until later (looked at again at that time or at their next request); then
-        those without one that hold requests."""
-        live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0) | (self.seen_n > 0)))
+        alone until later (looked at again at that time, or once a request of it arrives, is
+        answered or runs); then those without one that hold requests."""
+        live = np.flatnonzero((self.n_srv > 0) & ((self.quiet <= t1 + 1e-9) | (self.tick_n > 0) | (self.seen_n > 0)
+                                                   | (self.seen_busy > 0)))
         srv = self.servers  # ready replicas per function, counted once (a decision changes only its own)
         ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= t1)], minlength=len(self.slots))
         fresh = np.flatnonzero((ready > 0) & ~self._measured)

@@ -185,12 +185,14 @@ def test_reserve_off():
     assert _rise_sample(state, kept, 1.0, NEEDS_HORIZON, off) == (0.0, None, 0.0, None)
 
 
-def missed(looks: list[tuple[float, float, float]], horizon: float = NEEDS_HORIZON) -> tuple[float, ...]:
-    """missed_at after looks of (t, need, share over the SLO), the needs kept as decide() keeps them."""
+def missed(looks: list[tuple[float, float, float]], horizon: float = NEEDS_HORIZON,
+           window_s: float = 0.0) -> tuple[float, ...]:
+    """missed_at after looks of (t, need, share over the SLO), the needs kept as decide() keeps
+    them; the share read over `window_s` (0: the look's own)."""
     state, kept = PolicyState(), ()
     for t, need, over in looks:
         kept = (kept + (NeedAt(t, need),))[-40:]
-        s = MetricsSnapshot("f", t, ready=1, rps=10.0, over_slo=over)
+        s = MetricsSnapshot("f", t, ready=1, rps=10.0, over_slo=over, window_s=window_s)
         state = state._replace(missed_at=_missed_sample(state, s, kept, t, horizon, DEFAULT_CONFIG), needs=kept)
     return state.missed_at
 
@@ -228,6 +230,14 @@ def test_a_run_of_misses_longer_than_three_horizons_is_a_step_not_a_burst():
     backlog = [(float(t), 0.5, 0.0) for t in range(10)] + [(10.0, 5.0, 1.0), (11.0, 9.0, 1.0)] \
         + [(float(t), 9.0 - 0.2 * (t - 11), 1.0) for t in range(12, 41)]
     assert missed(backlog) == (-1.0, 40.0)
+    # read over a PromQL window of 30 s, a short burst's share over the SLO shows for 30 s after
+    # it: that tail is no new miss, so two bursts that rose within the horizon to 13 s and 203 s
+    # stay short bursts (a run through the tails would be two steps, (-1, 39, -1, 229))
+    tail = [(10.0, 5.0, 1.0), (11.0, 9.0, 1.0)] + [(float(t), 9.0, 0.5) for t in range(12, 40)]
+    second = [(200.0, 5.0, 1.0), (201.0, 9.0, 1.0)] + [(float(t), 9.0, 0.5) for t in range(202, 230)]
+    calm = [(float(t), 0.5, 0.0) for t in range(10)]
+    quiet = [(float(t), 0.5, 0.0) for t in range(40, 200)]
+    assert missed(calm + tail + quiet + second, window_s=30.0) == (10.0, 13.0, 200.0, 203.0)
 
 
 def test_the_reserve_holds_the_largest_rise_once_two_short_bursts_missed():

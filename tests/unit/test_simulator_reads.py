@@ -123,3 +123,19 @@ def test_a_request_is_read_once_answered_and_its_busy_time_as_it_runs():
     assert at5.p95_s == pytest.approx(0.04875)  # 40 ms in (0.025, 0.05]: 0.025 + 0.025 x 0.95
     assert at5.duty == pytest.approx((0.02,))
     assert record["served"] == 2  # counted as served in the tick it came, whatever the looks read
+
+
+def test_a_request_past_the_timeout_is_read_at_the_timeout():
+    # 40 requests at 3.0 s on one replica ready at 2.5 (the first request, at 0, starts it), each
+    # alone, 40 ms: the last is answered at 3.0 + 40 x 0.04 = 4.6 s. With a timeout of 1 s the
+    # ones answered after 4.0 s (the 25th on) are answered 504 at 4.0 s, their latency 1 s, and
+    # read by the look at 4 s with the 24 answered in time: 40 answered at that look
+    trace = Trace(kind="csv", duration_s=6.0, functions=("f0",), times=np.asarray([0.0] + [3.0] * 40),
+                  fids=np.zeros(41, np.int32), params={})
+    policy = OneReplica()
+    Simulation(trace, [P40], policy, SimConfig(gpus=1, timeout_s=1.0)).run()
+    at4, at5 = policy.seen[4.0], policy.seen[5.0]
+    assert at4.rps == 40.0  # without the timeout: 24, and 16 more at 5 s
+    assert at4.p95_s is not None and at4.p95_s <= 1.0  # none read slower than the timeout
+    assert at5.rps == 0.0  # nothing left to read, though the replica ran to 4.6 s
+    assert at5.duty == pytest.approx((0.6,))  # 4.0-4.6 s busy
