@@ -265,12 +265,13 @@ def _unlooked(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, 
     traffic) finds the skipped looks idle too. Their averages (rate, in flight, variance, duty)
     decay toward 0 up to the last skipped look, at now - window_s; the error budget's windows
     that ended meanwhile close as an idle look closes them (quiet_until wakes the caller for one
-    whose close could change the count); and the last skipped look's need, what an idle look
-    reads from the decayed rate (and the spare), joins the needs, so a window of the last few
-    seconds holds an idle need as it would live. E.g. a rate average of 4/s at an idle look at
-    100, the next look at 120 measured over 1 s: 4 x e^(-19/5) = 0.09/s at 119, then this look's
-    sample. Unchanged where nothing was skipped (a look within window_s of the last, a look
-    between ticks: window_s 0, one after an active look)."""
+    whose close could change the count); and the skipped looks' needs inside the longest window,
+    each what an idle look reads from the rate decayed to its time (and the spare), join the
+    needs, so a window of the last few seconds holds idle needs as it would live. E.g. a rate
+    average of 4/s at an idle look at 100, the next look at 120 measured over 1 s: 4 x e^(-19/5)
+    = 0.09/s at 119, then this look's sample; needs at 101 .. 119 (kept_s 30: all of them).
+    Unchanged where nothing was skipped (a look within window_s of the last, a look between
+    ticks: window_s 0, one after an active look)."""
     window = snapshot.window_s
     if (window <= 0 or state.rate_at is None or state.rate_avg is None or state.inflight_avg is None
             or state.last_active_at is None or state.last_active_at >= state.rate_at - EPS):
@@ -279,9 +280,8 @@ def _unlooked(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, 
     idle = last - state.rate_at
     if idle <= EPS:
         return state
-    rate_avg = state.rate_avg * math.exp(-idle / config.rate_window_s)
-    inflight_avg = state.inflight_avg * math.exp(-idle / config.concurrency_window_s) \
-        if config.concurrency_window_s > 0 else 0.0
+    rate_avg = _decay(state.rate_avg, idle, config.rate_window_s)
+    inflight_avg = _decay(state.inflight_avg, idle, config.concurrency_window_s)
     rate_var, rps_last_at = state.rate_var, state.rps_last_at
     if rps_last_at is not None and config.dispersion_window_s > 0 and last - rps_last_at > EPS:
         # idle looks 0 after 0: a difference of 0 each
@@ -313,15 +313,20 @@ def _unlooked(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpec, 
     for k in range(skipped, -1, -1):
         at = last - k * window
         back = last - at
-        need = _estimate_need(idle_look, spec, config, batched, rate_avg * math.exp(back / config.rate_window_s),
-                              inflight_avg * math.exp(back / config.concurrency_window_s)
-                              if config.concurrency_window_s > 0 else 0.0, rate_var).replicas
+        need = _estimate_need(idle_look, spec, config, batched, _decay(rate_avg, -back, config.rate_window_s),
+                              _decay(inflight_avg, -back, config.concurrency_window_s), rate_var).replicas
         needs = _kept_needs(needs, at, need + spare if need > 0 else need, config)
     return state._replace(rate_avg=rate_avg, inflight_avg=inflight_avg, rate_at=last, rate_var=rate_var,
                           rps_last=0.0 if state.rps_last is not None else None, rps_last_at=rps_last_at,
                           duty_avg=duty_avg, duty_last=duty_last, budget=budget, served=served,
                           served_over=served_over, needs=needs,
                           peak=_window_peak(state.peak, needs, last, config.scale_down_delay_s))
+
+
+def _decay(value: float, seconds: float, tau: float) -> float:
+    """An EWMA of time constant `tau` after `seconds` of samples of 0 (negative: undone); with
+    no averaging (tau 0) the last sample, 0. E.g. 4.0 after 19 s at tau 5: 4 x e^(-3.8) = 0.09."""
+    return value * math.exp(-seconds / tau) if tau > 0 else 0.0
 
 
 # ---------------------------------------------------------------------- the need
@@ -1049,8 +1054,9 @@ def _missed_sample(state: PolicyState, snapshot: MetricsSnapshot, needs: tuple[N
     `horizon_s` (a cold start and a look) of the last, where more than miss_budget of the
     window's requests were over the SLO, begun at one where the need had risen within
     `horizon_s` by at least MISSED_RISE replicas (where each look reads its own share, the
-    looks after it miss rising or not: a backlog draining after a spike is the spike's run). A run longer than MISSED_SHORT horizons is a step, not a burst the
-    reserve could hold (a spike the cluster cannot follow, a backlog): its start becomes -1.
+    looks after it miss rising or not: a backlog draining after a spike is the spike's run). A
+    run longer than MISSED_SHORT horizons is a step, not a burst the reserve could hold (a spike
+    the cluster cannot follow, a backlog): its start becomes -1.
     E.g. misses at 50-51 and 144-147 with a 3.5 s horizon: (50, 51, 144, 147), two short bursts."""
     if config.reserve_memory_s <= 0 or snapshot.over_slo <= config.miss_budget or not needs:
         return state.missed_at
