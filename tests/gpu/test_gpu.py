@@ -1,9 +1,11 @@
 """The real-GPU paths, on a machine with an NVIDIA GPU and PyTorch (skipped elsewhere: CI and the
 development machines have none): NVML's inventory against nvidia-smi, a TorchScript replica on a
 GPU slice (its answers against the CPU's, its CUDA memory capped to the slice's budget), the MPS
-limits that a slice's environment sets when an MPS daemon runs, `shoal up --devices auto`
-placing a function on the GPU and serving it from zero, and its replicas as MPS clients where a
-daemon runs. `make test-gpu`; the runs are recorded in docs/gpu.md.
+limits that a slice's environment sets when an MPS daemon runs (read in a probe and inside
+`shoal up`'s own replicas), `shoal up --devices auto` placing a function on the GPU and serving
+it from zero, its replicas as MPS clients where a daemon runs, the duty cycle the autoscaler
+scales on against NVML's utilization, and the policy scaling a GPU function out and back to zero.
+`make test-gpu`; the runs are recorded in docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -259,5 +261,239 @@ def test_shoal_up_replicas_run_as_mps_clients_when_a_daemon_runs(tmp_path, score
         servers = subprocess.run(["nvidia-cuda-mps-control"], input="get_server_list\n", env=mps, text=True,
                                  capture_output=True, timeout=30).stdout.split()
         assert servers, "no MPS server while two replicas ran"
+    finally:
+        assert plane.stop() == 0
+
+
+_SLICE_PROBE = '''"""What a replica's own process sees of its GPU slice: its SMs, and whether 2 GiB more than the
+256 MiB it holds can be allocated."""
+import os
+
+import torch
+
+MIB = 2**20
+
+
+def handler(context, event):
+    props = torch.cuda.get_device_properties(0)
+    held = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+    try:
+        more = torch.empty(2048 * MIB, dtype=torch.uint8, device="cuda")
+        over = "allocated"
+        del more
+    except torch.OutOfMemoryError as exc:
+        over = "refused: " + str(exc).splitlines()[0]
+    del held
+    torch.cuda.empty_cache()
+    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    return {"pid": os.getpid(), "sms": props.multi_processor_count, "over": over,
+            "env": {k: os.environ.get(k, "") for k in keys}}
+'''
+
+
+def test_the_slice_limits_hold_inside_shoal_ups_replica(tmp_path, mps, monkeypatch):
+    """Under an MPS daemon, a Python handler deployed at 1/4:1024 reads, from inside the replica
+    shoal up started: a quarter's share of the SMs, and 2 GiB more refused. The same handler at
+    1/2 (no memory limit) on the same daemon sees twice the SMs and gets its 2 GiB, so the limits
+    are each slice's, not the daemon's."""
+    pytest.importorskip("torch")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.setenv(key, mps[key])
+    probe = tmp_path / "slice_probe.py"
+    probe.write_text(_SLICE_PROBE)
+    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    try:
+        with plane.client() as client:
+            seen = {}
+            for name, slice_ in (("quarter", "1/4:1024"), ("half", "1/2")):
+                client.deploy(probe, name, slice=slice_, idle_to_zero_s=60)
+                r = client.invoke_json(name, {})
+                assert r.status_code == 200, r.text
+                seen[name] = r.json()
+                replica = client.status()["functions"][name]["replicas"][0]
+                assert replica["device"] == "gpu:0" and not replica["emulated"], replica
+            print(f"inside the replicas: {json.dumps(seen)}")
+            quarter, half = seen["quarter"], seen["half"]
+            assert quarter["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25", quarter
+            assert quarter["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M", quarter
+            assert half["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50", half
+            assert quarter["over"].startswith("refused"), quarter
+            assert half["over"] == "allocated", half
+            # MPS hands out SMs by pairs (TPCs): a quarter's count is about half a half's
+            assert quarter["sms"] < half["sms"] and abs(2 * quarter["sms"] - half["sms"]) <= 4, seen
+        log = (Path(mps["CUDA_MPS_LOG_DIRECTORY"]) / "control.log").read_text()
+        clients = {int(pid) for pid in re.findall(r"NEW CLIENT (\d+)", log)}
+        assert {quarter["pid"], half["pid"]} <= clients, (clients, seen)
+    finally:
+        assert plane.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def matmuls(torch, tmp_path_factory):
+    """A TorchScript module that spends milliseconds of GPU kernels per request: 16 products of
+    2,048 x 2,048 float32 matrices (17 GFLOP each), its answer a function of X."""
+
+    class Matmuls(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(2048, 2048) / 45.0)
+
+        def forward(self, X):
+            h = self.w
+            for _ in range(16):
+                h = torch.tanh(h @ self.w)
+            return X * h.mean()
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("models") / "matmuls.pt"
+    torch.jit.script(Matmuls().eval()).save(str(path))
+    return path
+
+
+def _busy_seconds(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(r"^shoal_replica_busy_seconds_total\{[^}]*\} (\S+)$", text, re.M)
+    assert found, text[-2000:]
+    return float(found.group(1))
+
+
+def _nvml_utilization(handle) -> list[tuple[int, int]]:
+    """NVML's GPU-utilization samples it still holds: (timestamp in microseconds, percent of the
+    sample period in which a kernel ran)."""
+    import pynvml
+
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    except pynvml.NVMLError_NotFound:
+        return []
+    return [(s.timeStamp, s.sampleValue.uiVal) for s in samples]
+
+
+def test_the_duty_cycle_agrees_with_nvmls_count_of_kernel_time(matmuls):
+    """The autoscaler scales on a slice's duty cycle, the rate of the replica's busy seconds (the
+    time its executor spends in the model). With the replica alone on the GPU, that rate is read
+    beside NVML's GPU utilization over the same seconds, at a light pace (one client, pausing
+    20 ms between requests) and back to back (four clients): the two agree within 0.15 at each,
+    and both rise between them."""
+    import pynvml
+
+    replica = start_replica(matmuls, "--device", "gpu:0", "--slice", "1/1", "--name", "matmuls")
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        body = _infer_body(np.ones((1, 64), dtype=np.float32))
+        url = f"{replica.url}/v2/models/matmuls/infer"
+        with httpx.Client(timeout=60) as http:
+            for _ in range(5):  # cuBLAS's first call, the allocator's first blocks
+                assert http.post(url, json=body).status_code == 200
+            single = []
+            for _ in range(10):
+                t = time.perf_counter()
+                http.post(url, json=body)
+                single.append(time.perf_counter() - t)
+        print(f"one request alone, p50 {1000 * sorted(single)[5]:.2f} ms at the client")
+
+        def load(clients: int, pause_s: float, seconds: float) -> int:
+            stop = time.monotonic() + seconds
+            counts = [0] * clients
+
+            def client(i: int) -> None:
+                with httpx.Client(timeout=60) as http:
+                    while time.monotonic() < stop:
+                        assert http.post(url, json=body).status_code == 200
+                        counts[i] += 1
+                        time.sleep(pause_s)
+
+            import threading
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(counts)
+
+        read = {}
+        for phase, clients, pause_s in (("light", 1, 0.020), ("back to back", 4, 0.0)):
+            busy0, t0, wall0 = _busy_seconds(replica.url), time.monotonic(), time.time()
+            requests = load(clients, pause_s, 6.0)
+            busy1, t1, wall1 = _busy_seconds(replica.url), time.monotonic(), time.time()
+            time.sleep(0.5)  # NVML's sampler, a sample period behind
+            samples = _nvml_utilization(handle)
+            # the samples inside the load's seconds (NVML stamps them in microseconds of the wall
+            # clock), less one period at each end, which the load only partly covered
+            inside = [u for ts, u in samples if 1e6 * (wall0 + 0.25) <= ts <= 1e6 * (wall1 - 0.25)]
+            assert len(inside) >= 5, f"{len(inside)} of NVML's samples in the load's 6 s: {samples[-40:]}"
+            read[phase] = {"requests": requests, "duty": (busy1 - busy0) / (t1 - t0),
+                           "nvml": float(np.mean(inside)) / 100, "nvml_samples": len(inside)}
+        print(f"duty cycle against NVML: {json.dumps(read)}")
+        for phase, seen in read.items():
+            assert abs(seen["duty"] - seen["nvml"]) <= 0.15, (phase, seen)
+        assert read["back to back"]["duty"] > read["light"]["duty"] + 0.3, read
+        assert read["back to back"]["nvml"] > read["light"]["nvml"] + 0.3, read
+    finally:
+        pynvml.nvmlShutdown()
+        replica.stop(timeout=30)
+
+
+def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
+    """The policy driving real GPU replicas: one user from zero, then eight users back to back on
+    the matmuls function (about 8 ms of GPU per request, one replica serves one at a time) at
+    1/4:4096, target two in flight per replica. Nothing fails while it scales; it scales out (the reason in its events) to
+    several replicas on gpu:0, each holding a CUDA context of its own; idle, back to zero, and the
+    replicas' contexts are gone from the GPU."""
+    import asyncio
+
+    body = _infer_body(np.ones((1, 64), dtype=np.float32))
+    def contexts() -> set[int]:
+        return {int(row[0]) for row in _smi("--query-compute-apps=pid,used_memory")}
+
+    before = contexts()
+    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    try:
+        with plane.client() as client:
+            client.deploy(matmuls, "matmuls", slice="1/4:4096", idle_to_zero_s=3, target_concurrency=2,
+                          max_replicas=4, slo_ms=200.0)
+
+            async def closed_loop(users: int, seconds: float) -> tuple[dict[int, int], list[float]]:
+                codes: dict[int, int] = {}
+                latencies: list[float] = []
+                async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=users)) as http:
+                    async def user():
+                        end = time.monotonic() + seconds
+                        while time.monotonic() < end:
+                            t = time.perf_counter()
+                            r = await http.post(f"{plane.url}/v2/models/matmuls/infer", json=body)
+                            latencies.append(time.perf_counter() - t)
+                            codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+                    await asyncio.gather(*(user() for _ in range(users)))
+                return codes, latencies
+
+            codes, latencies = asyncio.run(closed_loop(1, 8.0))  # from zero: one cold start
+            print(f"1 user, 8 s: {codes}, first {1000 * latencies[0]:.0f} ms, then p50 "
+                  f"{1000 * float(np.median(latencies[1:])):.1f} ms")
+            assert set(codes) == {200}, codes
+            codes, latencies = asyncio.run(closed_loop(8, 12.0))
+            replicas = client.status()["functions"]["matmuls"]["replicas"]
+            pcts = np.percentile(np.asarray(latencies) * 1000, [50, 95, 99])
+            print(f"8 users, 12 s: {codes}, p50/p95/p99 {pcts.round(1).tolist()} ms (cold starts included), "
+                  f"{len(replicas)} replicas at the end")
+            assert set(codes) == {200}, codes
+            ups = [e for e in client.events("matmuls") if e["kind"] == "scale" and e["data"]["to"] > e["data"]["from"]]
+            print("scale-ups: " + "; ".join(f"{e['data']['reason']}: {e['message']}" for e in ups))
+            assert max(e["data"]["to"] for e in ups) >= 2, ups
+            assert {e["data"]["reason"] for e in ups} <= {"BURST", "SLO", "FORECAST", "COLD_START", "RESERVE"}, ups
+            assert {r["device"] for r in replicas} == {"gpu:0"}, replicas
+            assert not any(r["emulated"] for r in replicas), replicas
+            ready = [r for r in replicas if r["state"] == "ready"]
+            held = contexts() - before
+            print(f"{len(ready)} replicas ready, {len(held)} new CUDA contexts on the GPU")
+            assert len(held) >= len(ready) >= 2, (held, replicas)
+            wait_for(lambda: client.status()["functions"]["matmuls"]["replicas"] == [], 60, "scale to zero",
+                     detail=lambda: client.events("matmuls"))
+            downs = [e for e in client.events("matmuls") if e["kind"] == "scale" and e["data"]["to"] == 0]
+            assert downs and downs[-1]["data"]["reason"] == "TO_ZERO", downs
+            wait_for(lambda: not held & contexts(), 30, "the replicas' CUDA contexts to go")
     finally:
         assert plane.stop() == 0
