@@ -229,7 +229,10 @@ class ReplicaScaler:
         one (`_time_share`); else it takes them, lowest rank first: a busy function's replica above
         its need (its headroom: `_busy_holds`), then a kept one, then a busy function's needed
         replica; never a floor. A further replica takes only cheap idle ones. One held short is
-        said (a `held_short` event, at most every 30 s per function, and a metric)."""
+        said (a `held_short` event, at most every 30 s per function, and a metric). The first of a
+        function's asks that cannot be placed ends its tries for the tick, said once with the
+        count left (the simulator's _start stops at its first too): a policy that asks for
+        hundreds more than fit (kpa's panic mode) costs one placement and one event a tick."""
         if not starts:
             return
         now = self.clock()
@@ -256,15 +259,24 @@ class ReplicaScaler:
             short = {h.demand.replica for h in shares.short}
             for g in shares.grants:
                 self._grant(wants[g.demand.replica], g.victims, found)
-            for held in shares.short:
+            unplaced: set[str] = set()
+            for i, held in enumerate(shares.short):
                 want, spec, revision = wants[held.demand.replica]
+                name = held.demand.function
                 if k == 0 and (replica := self._time_share(want, spec, revision, held)) is not None:
                     self._spawn_task(self._bring_up(replica))
                     short.discard(held.demand.replica)
                 elif last:
-                    self._say_held_short(held, want, now)
-                    if (replica := self._place(want.demand, spec, revision)) is not None:  # else: says why
+                    self._say_held_short(held, want, now)  # counted for each, said every 30 s
+                    if name in unplaced:
+                        # the same slice as an ask of this tick that did not fit: not tried
+                        # (placing only uses room up), and said with that one's count
+                        continue
+                    left = sum(1 for h in shares.short[i:] if h.demand.function == name)
+                    if (replica := self._place(want.demand, spec, revision, left)) is not None:
                         self._spawn_task(self._bring_up(replica))
+                    else:  # says why
+                        unplaced.add(name)
             asks = [a for a in asks if a.demand.replica in short]
 
     def _traffic_and_need(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -494,21 +506,22 @@ class ReplicaScaler:
         replica = self._place(self.demand_for(spec, f"{name}-{next(self._ids)}"), spec, revision)
         return None if replica is None else await self._bring_up(replica)
 
-    def _place(self, demand: Demand, spec: FunctionSpec, revision: int) -> Replica | None:
-        """Hold a slice for a new replica now, or say why none can be had."""
+    def _place(self, demand: Demand, spec: FunctionSpec, revision: int, wanted: int = 1) -> Replica | None:
+        """Hold a slice for a new replica now, or say why none can be had (of the `wanted` this
+        tick asked for)."""
         name = demand.function
         placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):
-            message = f"cannot place a replica of {name}: {placed.message}"
+            message = f"cannot place {'a replica' if wanted == 1 else f'{wanted} replicas'} of {name}: {placed.message}"
             if self._lendable(name, placed):
                 # other functions' replicas hold the slices: once one is idle it is lent (a later
                 # tick), so the requests wait (up to the hold timeout); said every 30 s of a wait
                 if self.clock() - self.unplaced.get(name, -math.inf) >= 30.0:
                     self.unplaced[name] = self.clock()
                     self.events("unplaceable", f"{message}; waiting for an idle replica to give a slice back",
-                                function=name, data={"reasons": list(placed.reasons), "waiting": True})
+                                function=name, data={"reasons": list(placed.reasons), "waiting": True, "wanted": wanted})
                 return None
-            self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons)})
+            self.events("unplaceable", message, function=name, data={"reasons": list(placed.reasons), "wanted": wanted})
             if not self.live(name):  # nothing else will serve the held requests: say so now
                 self._back_off(name)
                 self.router.fail_waiters(name, message)

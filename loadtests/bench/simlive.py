@@ -7,6 +7,7 @@ within 0.5 points). Every device here is emulated (the service time is slept) an
 simulator simulated: no figure is a GPU measurement. Results and how to read them: docs/simlive.md.
 
     python -m loadtests.bench.simlive --policies shoal,kpa,ray --minutes 10 --compress 4 --json OUT
+    python -m loadtests.bench.simlive --minutes 10 --start-minute 20 --out DIR   # a later window
 """
 
 from __future__ import annotations
@@ -55,18 +56,23 @@ class Window:
     source: str
     minutes: float
     compress: float
+    start_minute: float = 0.0  # where in the trace the window begins
 
 
 # ---------------------------------------------------------------------- pure parts
 
 
-def window_times(times, minutes: float, compress: float) -> list[float]:
-    """The arrivals of the first `minutes` of a trace (seconds from its start, uncompressed),
-    divided by `compress`: e.g. 10 minutes at 4x are the arrivals before 600 s, at t / 4, 150 s."""
+def window_times(times, minutes: float, compress: float, start_minute: float = 0.0) -> list[float]:
+    """The arrivals of `minutes` of a trace from `start_minute` on (seconds from its start,
+    uncompressed), from the window's start, divided by `compress`: e.g. 10 minutes at 4x from
+    minute 0 are the arrivals before 600 s, at t / 4 (150 s); from minute 10, those in 600-1,200 s,
+    at (t - 600) / 4."""
     if not (math.isfinite(minutes) and minutes > 0) or not (math.isfinite(compress) and compress > 0):
         raise ValueError(f"minutes ({minutes}) and compress ({compress}) must be finite numbers > 0")
-    limit = minutes * 60.0
-    return [float(t) / compress for t in times if t < limit]
+    if not (math.isfinite(start_minute) and start_minute >= 0):
+        raise ValueError(f"start_minute ({start_minute}) must be a finite number >= 0")
+    start, limit = start_minute * 60.0, (start_minute + minutes) * 60.0
+    return [(float(t) - start) / compress for t in times if start <= t < limit]
 
 
 def csv_text(times: list[float]) -> str:
@@ -132,17 +138,17 @@ def live_numbers(summary: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- the two runs
 
 
-def write_window(source: Path, out: Path, minutes: float, compress: float) -> Window:
+def write_window(source: Path, out: Path, minutes: float, compress: float, start_minute: float = 0.0) -> Window:
     """The window as a csv of seconds, written once: both runs read this file."""
     from autoscaler.traces import make_trace
 
     full = make_trace("csv", path=str(source))
-    times = window_times(full.times.tolist(), minutes, compress)
+    times = window_times(full.times.tolist(), minutes, compress, start_minute)
     if not times:
-        raise ValueError(f"{source}: no arrival in its first {minutes:g} minutes")
+        raise ValueError(f"{source}: no arrival in its {minutes:g} minutes from minute {start_minute:g}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(csv_text(times))
-    return Window(out, minutes * 60.0 / compress, len(times), str(source), minutes, compress)
+    return Window(out, minutes * 60.0 / compress, len(times), str(source), minutes, compress, start_minute)
 
 
 def read_window(window: Window):
@@ -274,7 +280,8 @@ def live_data_path():
 def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
     """The commands a reader runs to repeat the comparison (one live run per policy)."""
     lines = [f"python -m loadtests.bench.simlive --policies {','.join(args.policies)} --minutes {args.minutes:g} "
-             f"--compress {args.compress:g} --out {out}" + (f" --json {args.json}" if args.json else "")]
+             f"--start-minute {args.start_minute:g} --compress {args.compress:g} --out {out}"
+             + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
                      f"{PROFILE.relative_to(ROOT)} --name {FUNCTION} --slice {SLICE} --min 0 --max {MAX_REPLICAS} "
@@ -296,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.simlive", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {','.join(POLICIES)}")
-    p.add_argument("--minutes", type=float, default=10.0, help="the trace's first minutes to replay (default 10)")
+    p.add_argument("--minutes", type=float, default=10.0, help="the trace's minutes to replay (default 10)")
+    p.add_argument("--start-minute", type=float, default=0.0,
+                   help="where in the trace they begin (default 0: its first minutes)")
     p.add_argument("--compress", type=float, default=4.0, help="divide its times by this (default 4)")
     p.add_argument("--trace", type=Path, default=TRACE, help=f"the real trace (default {TRACE})")
     p.add_argument("--out", type=Path, help="folder for the window and the live reports "
@@ -318,14 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = (args.out or ROOT / "loadtests" / "reports" / f"simlive-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
-        window = write_window(args.trace, out / "window.csv", args.minutes, args.compress)
-        print(f"window: {window.requests} arrivals, the first {args.minutes:g} min of {args.trace.name} at "
-              f"{args.compress:g}x = {window.duration_s:g} s -> {window.path}", flush=True)
+        window = write_window(args.trace, out / "window.csv", args.minutes, args.compress, args.start_minute)
+        print(f"window: {window.requests} arrivals, {args.minutes:g} min of {args.trace.name} from minute "
+              f"{args.start_minute:g} at {args.compress:g}x = {window.duration_s:g} s -> {window.path}", flush=True)
         results: dict[str, Any] = {}
         for policy in args.policies:
             folder = out / f"live-{policy}"
             if args.sim_only:
                 live = live_numbers(json.loads((folder / "summary.json").read_text()))
+                if live["requests"] != window.requests:  # e.g. a later window's reports, --start-minute left out
+                    raise ValueError(f"{folder}: its live run sent {live['requests']} requests, the window "
+                                     f"({args.minutes:g} min from minute {args.start_minute:g}) has "
+                                     f"{window.requests}: not the window it ran")
             else:
                 live = live_run(policy, window, folder)
             if live["cold_start_s"] is None:
@@ -347,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         tol = Tolerance()
         args.json.write_text(json.dumps({
-            "window": {"source": window.source, "minutes": window.minutes, "compress": window.compress,
+            "window": {"source": window.source, "minutes": window.minutes, "start_minute": window.start_minute,
+                       "compress": window.compress,
                        "duration_s": window.duration_s, "requests": window.requests, "path": str(window.path)},
             "tolerance": {"slice_pct": tol.slice_pct, "slo_points": tol.slo_points},
             "policies": results, "commands": cmds,

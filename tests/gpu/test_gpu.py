@@ -439,9 +439,9 @@ def test_the_duty_cycle_agrees_with_nvmls_count_of_kernel_time(matmuls):
 def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
     """The policy driving real GPU replicas: one user from zero, then eight users back to back on
     the matmuls function (about 8 ms of GPU per request, one replica serves one at a time) at
-    1/4:4096, target two in flight per replica. Nothing fails while it scales; it scales out (the reason in its events) to
-    several replicas on gpu:0, each holding a CUDA context of its own; idle, back to zero, and the
-    replicas' contexts are gone from the GPU."""
+    1/4:4096, target two in flight per replica. Nothing fails while it scales; it scales out (the
+    reason in its events) to several replicas on gpu:0, each holding a CUDA context of its own;
+    idle, back to zero, and the replicas' contexts are gone from the GPU."""
     import asyncio
 
     body = _infer_body(np.ones((1, 64), dtype=np.float32))

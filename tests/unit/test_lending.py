@@ -293,6 +293,32 @@ def test_without_take_back_the_waiting_requests_are_refused():
     assert [a[0] for a, _ in events if a[0] in ("takeback", "unplaceable")] == ["unplaceable"]
 
 
+def test_a_function_that_asks_for_hundreds_more_than_fit_costs_one_placement_and_one_event():
+    # kpa's panic mode asked for 674 replicas on a device of 4 slices (docs/simlive.md): each
+    # tick tried and said every one, 300 events a tick. Now the first that does not fit ends
+    # the function's asks for the tick, said once with their count
+    scaler, backend, router, events = _full_scaler(take_back=False)
+    created = list(backend.created)
+    _apply(scaler, {"f1": (501, "BURST")})
+    _apply(scaler, {"f1": (501, "BURST")})
+    unplaceable = [a for a, _ in events if a[0] == "unplaceable"]
+    assert len(unplaceable) == 2, unplaceable  # one a tick
+    assert all("cannot place 500 replicas of f1" in a[1] for a in unplaceable), unplaceable
+    assert [k["data"]["wanted"] for a, k in events if a[0] == "unplaceable"] == [500, 500]
+    assert backend.created == created and router.failed == [] and len(scaler.live("f1")) == 1
+    # every ask held short is still counted, as the simulator's held_short counts each
+    assert scaler.held_short.labels("f1", "headroom")._value.get() == 1000
+
+
+def test_a_function_with_no_replica_and_asks_that_fit_nowhere_backs_off_once_a_tick():
+    # w has none and asks for 3 on a full device, nothing lent: its held requests are refused
+    # once, and the crash-loop back-off counts one failure for the tick, not three
+    scaler, backend, router, events = _full_scaler(take_back=False)
+    _apply(scaler, {"w": (3, "COLD_START")})
+    assert len(router.failed) == 1 and "cannot place 3 replicas of w" in router.failed[0]
+    assert scaler.failures["w"][0] == 1 and not scaler.live("w")
+
+
 def test_with_nothing_idle_the_waiting_requests_stay_held_for_a_later_tick():
     # every replica has a request in flight: nothing can be lent now; the requests are not refused
     scaler, backend, router, events = _full_scaler(take_back=True)

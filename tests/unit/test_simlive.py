@@ -25,6 +25,18 @@ def test_window_times(times, minutes, compress, expected):
     assert window_times(list(times), minutes, compress) == pytest.approx(expected)
 
 
+def test_a_later_window_starts_at_its_own_zero():
+    # minutes 10-20 at 4x: 600 s is its 0, 1,199.9 s its 149.975; 599.9 and 1,200 are outside
+    times = [599.9, 600.0, 700.0, 1199.9, 1200.0]
+    assert window_times(times, 10.0, 4.0, start_minute=10.0) == pytest.approx([0.0, 25.0, 149.975])
+
+
+@pytest.mark.parametrize("start", [-1.0, float("nan"), float("inf")])
+def test_window_times_refuses_a_bad_start(start):
+    with pytest.raises(ValueError, match="start_minute"):
+        window_times([0.0], 10.0, 4.0, start_minute=start)
+
+
 @pytest.mark.parametrize("minutes,compress", [(0.0, 4.0), (10.0, 0.0), (float("nan"), 4.0), (10.0, -1.0)])
 def test_window_times_refuses_bad_numbers(minutes, compress):
     with pytest.raises(ValueError, match="must be finite numbers > 0"):
