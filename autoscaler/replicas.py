@@ -512,7 +512,8 @@ class ReplicaScaler:
         name = demand.function
         placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):
-            message = f"cannot place {'a replica' if wanted == 1 else f'{wanted} replicas'} of {name}: {placed.message}"
+            what = "a replica" if wanted == 1 else f"{wanted} replicas"
+            message = f"cannot place {what} of {name}: {placed.message}"
             if self._lendable(name, placed):
                 # other functions' replicas hold the slices: once one is idle it is lent (a later
                 # tick), so the requests wait (up to the hold timeout); said every 30 s of a wait

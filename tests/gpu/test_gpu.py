@@ -10,12 +10,14 @@ scales on against NVML's utilization, and the policy scaling a GPU function out 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -404,8 +406,6 @@ def test_the_duty_cycle_agrees_with_nvmls_count_of_kernel_time(matmuls):
                         counts[i] += 1
                         time.sleep(pause_s)
 
-            import threading
-
             threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
             for t in threads:
                 t.start()
@@ -442,9 +442,8 @@ def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
     1/4:4096, target two in flight per replica. Nothing fails while it scales; it scales out (the
     reason in its events) to several replicas on gpu:0, each holding a CUDA context of its own;
     idle, back to zero, and the replicas' contexts are gone from the GPU."""
-    import asyncio
-
     body = _infer_body(np.ones((1, 64), dtype=np.float32))
+
     def contexts() -> set[int]:
         return {int(row[0]) for row in _smi("--query-compute-apps=pid,used_memory")}
 
