@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from autoscaler.metrics import cumulative_histogram
 from functions.spec import LIMITS
 from serving.asgi import read_body, send_error, send_response
-from serving.metrics import LATENCY_BUCKETS_S
+from serving.metrics import LATENCY_BUCKETS_S, InFlight
 from serving.protocol.errors import (
     BadGateway,
     ClientDisconnected,
@@ -65,6 +65,8 @@ class ColdStart:
 class Endpoint:
     replica: str
     pool: UpstreamPool
+    sent: InFlight  # its function's (Route.sent), shared by its endpoints; a request removed with
+    # its endpoint still counts there until answered, where outstanding() no longer sees it
     cold: ColdStart | None = None
     outstanding: int = 0
     draining: bool = False
@@ -80,6 +82,7 @@ class Route:
     metadata: dict[str, bytes] = field(default_factory=dict)  # cached model metadata, by path
     held_bytes: int = 0
     inflight: int = 0  # requests inside the gateway, held or sent
+    sent: InFlight = field(default_factory=InFlight)  # sent to a replica, not yet answered
 
     def ready(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.draining]
@@ -171,7 +174,7 @@ class Gateway:
         cold = ColdStart(spawn_s, load_s) if spawn_s is not None and load_s is not None else None
         if not route.waiters:
             cold = None  # a scale-out nobody waited for is not a cold start
-        endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), cold)
+        endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), route.sent, cold)
         endpoint.idle.set()
         route.endpoints.append(endpoint)
         if cold is not None:
@@ -245,6 +248,13 @@ class Gateway:
     def outstanding(self, function: str) -> int:
         route = self.routes.get(function)
         return sum(e.outstanding for e in route.endpoints) if route else 0
+
+    def inflight_seconds(self, function: str) -> tuple[float, float]:
+        """(request-seconds its requests have spent sent to a replica and unanswered, the
+        gateway's clock now): two readings give the time-averaged in-flight between them (InFlight)."""
+        now = self._clock()
+        route = self.routes.get(function)
+        return (route.sent.area(now) if route else 0.0), now
 
     def _find(self, function: str, replica: str) -> Endpoint | None:
         route = self.routes.get(function)
@@ -391,6 +401,7 @@ class Gateway:
 
     async def _send(self, endpoint: Endpoint, method, path, headers, body, timeout_s: float):
         endpoint.outstanding += 1
+        endpoint.sent.change(+1, self._clock())
         endpoint.idle.clear()
         try:
             return await endpoint.pool.request(method, path, headers, body, timeout_s)
@@ -398,6 +409,7 @@ class Gateway:
             raise InferenceTimeout(f"replica {endpoint.replica} gave no answer within {timeout_s:g} s") from None
         finally:
             endpoint.outstanding -= 1
+            endpoint.sent.change(-1, self._clock())
             if endpoint.outstanding == 0:
                 endpoint.idle.set()
 

@@ -1,8 +1,14 @@
 """The replica's Prometheus metrics (DESIGN.md section 5), in a registry of its own; the rate of
-`shoal_replica_busy_seconds_total` (the executor's busy time) is the slice's duty cycle.
+`shoal_replica_busy_seconds_total` (the executor's busy time) is the slice's duty cycle, and that
+of `shoal_replica_inflight_seconds_total` the time-averaged requests inside it (`InFlight`, the
+integral the gateway keeps of each function's requests in flight too).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily
@@ -12,8 +18,32 @@ from autoscaler.metrics import LATENCY_BUCKETS_S  # the bounds the controller re
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """Requests in flight (a function's, sent by the gateway to its replicas; a replica's, inside
+    it) and their integral over time in request-seconds, kept up to date at each change. A
+    reader's average concurrency over a span is the integral's growth over it divided by its
+    length: time-weighted, as Knative's queue-proxy reports concurrency (pkg/queue/stats.go,
+    network.RequestStats: the time spent at each concurrency, averaged at each report), not a
+    count at one instant. E.g. one request for 0.4 s of a 1 s span, then two for 0.2 s:
+    (0.4 + 0.4) / 1 = 0.8."""
+
+    count: int = 0
+    area_s: float = 0.0  # request-seconds up to `at`
+    at: float = 0.0
+
+    def change(self, by: int, now: float) -> None:
+        self.area_s += self.count * max(0.0, now - self.at)
+        self.at = max(self.at, now)
+        self.count += by
+
+    def area(self, now: float) -> float:
+        """Request-seconds up to `now`."""
+        return self.area_s + self.count * max(0.0, now - self.at)
+
+
 class ReplicaMetrics:
-    def __init__(self, function: str, labels: dict[str, str]):
+    def __init__(self, function: str, labels: dict[str, str], clock: Callable[[], float] = time.monotonic):
         disable_created_metrics()  # the *_created series only double the scrape
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -36,11 +66,16 @@ class ReplicaMetrics:
         self.inflight = Gauge(
             "shoal_replica_inflight", "Requests inside the replica (queued or running)", ["function"], registry=r,
         ).labels(function)
+        self._clock = clock
+        self.inside = InFlight(at=clock())  # the same count, integrated: its rate is the time average
+        r.register(_Collector("shoal_replica_inflight_seconds", "Request-seconds inside the replica; rate = "
+                              "time-averaged requests inside", function, lambda: self.inside.area(self._clock())))
         self.queued = Gauge(
             "shoal_replica_queued", "Requests waiting for a batch", ["function"], registry=r,
         ).labels(function)
         self._busy_source = lambda: 0.0
-        r.register(_BusyCollector(function, lambda: self._busy_source()))
+        r.register(_Collector("shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; "
+                              "rate = duty cycle", function, lambda: self._busy_source()))
         self.model_load = Gauge(
             "shoal_replica_model_load_seconds", "Seconds the model took to load", ["function"], registry=r,
         ).labels(function)
@@ -60,6 +95,15 @@ class ReplicaMetrics:
         # counted before its first scrape, so one created at the first request would read low
         self._codes: dict[int, Counter] = {200: self.requests.labels(function, "200")}
 
+    def enter(self) -> None:
+        """A request is inside the replica (queued or running) from now."""
+        self.inflight.inc()
+        self.inside.change(+1, self._clock())
+
+    def leave(self) -> None:
+        self.inflight.dec()
+        self.inside.change(-1, self._clock())
+
     def track_busy(self, source) -> None:
         """Export `source()` (the executor's busy seconds) as shoal_replica_busy_seconds_total."""
         self._busy_source = source
@@ -71,18 +115,15 @@ class ReplicaMetrics:
         child.inc()
 
 
-class _BusyCollector:
-    """shoal_replica_busy_seconds_total, read from the executor at scrape time."""
+class _Collector:
+    """A counter read from `source` at scrape time (e.g. shoal_replica_busy_seconds_total, the
+    executor's busy seconds)."""
 
-    def __init__(self, function: str, source):
-        self.function = function
-        self.source = source
+    def __init__(self, name: str, doc: str, function: str, source):
+        self.name, self.doc, self.function, self.source = name, doc, function, source
 
     def collect(self):
-        family = CounterMetricFamily(
-            "shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; rate = duty cycle",
-            labels=["function"],
-        )
+        family = CounterMetricFamily(self.name, self.doc, labels=["function"])
         family.add_metric([self.function], self.source())
         yield family
 

@@ -188,7 +188,7 @@ class ReplicaApp:
         """Run one inference request with the replica's request metrics around it."""
         m = self.metrics
         start = time.perf_counter()
-        m.inflight.inc()
+        m.enter()
         try:
             status, payload, content_type, extra = await work
         except Exception as exc:
@@ -199,7 +199,7 @@ class ReplicaApp:
         else:
             await send_response(send, status, payload, content_type, extra)
         finally:
-            m.inflight.dec()
+            m.leave()
         m.request_duration.observe(time.perf_counter() - start)
         m.count(status)
 

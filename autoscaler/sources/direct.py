@@ -2,10 +2,11 @@
 
 Every ready replica is scraped (`HttpScraper`, or `PrometheusSource` through a Prometheus that
 scrapes them); a function's rates come from the last two scrapes of each replica, its in-flight
-and held counts from the gateway, and its p95 and share over the SLO from the gateway's latency
-histogram (from arrival, held time included: a request held through a cold start is a miss). A replica stuck in its model past its function's timeout, or
-silent past `unresponsive_s`, is failed here (a liveness probe) and not counted. Imports neither
-deploy nor serving; the I/O is httpx only.
+(time-averaged since its last reading) and held counts from the gateway, and its p95 and share
+over the SLO from the gateway's latency histogram (from arrival, held time included: a request
+held through a cold start is a miss). A replica stuck in its model past its function's timeout,
+or silent past `unresponsive_s`, is failed here (a liveness probe) and not counted. Imports
+neither deploy nor serving; the I/O is httpx only.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class ReplicaScrapes:
     def __init__(self, scaler: ReplicaScaler, scraper: Scraper, latencies: Latencies):
         self.scaler, self.scraper, self.latencies = scaler, scraper, latencies
         self.seen: dict[str, Histogram] = {}  # function -> the gateway's histogram at its last reading
+        self.last_inflight: dict[str, tuple[float, float]] = {}  # function -> the gateway's integral, and when
 
     async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
         histograms = self.latencies.latencies()  # once a tick, for every function
@@ -97,7 +99,7 @@ class ReplicaScrapes:
         router = self.scaler.router
         snapshot = MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
-            inflight=float(router.outstanding(name)), queued=w.queued, activator_queue=router.held(name),
+            inflight=self._inflight(name), queued=w.queued, activator_queue=router.held(name),
             # the window's length, only when it is a new window: the same rates read again (Prometheus
             # has not scraped since) are no second measurement of the rate's variance
             duty=tuple(w.duties), rps=w.rps, window_s=w.windows / len(w.duties) if w.duties and w.moved else 0.0,
@@ -106,6 +108,19 @@ class ReplicaScrapes:
         )
         # in requests, the unit of rps and in-flight
         return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
+
+    def _inflight(self, name: str) -> float:
+        """The function's requests in its replicas, time-averaged since its last reading (the
+        gateway's integral, InFlight), as the simulator's look reads it (the tick's request-seconds
+        over its length) and Knative's KPA reads concurrency; at a first reading, or after the
+        gateway forgot the function, the count now."""
+        router = self.scaler.router
+        area, at = router.inflight_seconds(name)
+        last = self.last_inflight.get(name)
+        self.last_inflight[name] = (area, at)
+        if last is None or at <= last[1] or area < last[0]:
+            return float(router.outstanding(name))
+        return (area - last[0]) / (at - last[1])
 
     def _served(self, name: str, histograms: dict[str, Histogram]) -> Histogram:
         """The requests the gateway answered for `name` since its last reading, by latency."""

@@ -173,7 +173,10 @@ def cluster_queries(window: str = WINDOW) -> dict[str, str]:
         "duty": f"sum by (function, pod) (rate(shoal_replica_busy_seconds_total[{window}]))",
         # latency as the user sees it: the gateways' histogram, from arrival, held time included
         "p95_s": f"histogram_quantile(0.95, sum by (function, le) (rate({LATENCY}[{window}])))",
-        "inflight": f"sum {by} (shoal_replica_inflight)",
+        # time-averaged between the last two scrapes (irate of the integral), as shoal up's
+        # gateway reads it between two looks and Knative's queue-proxy reports it; a pod with
+        # one scrape so far has no irate yet and counts from its second
+        "inflight": f"sum {by} (irate(shoal_replica_inflight_seconds_total[{window}]))",
         "queued": f"sum {by} (shoal_replica_queued)",
         "held": f"sum {by} (shoal_activator_queue_depth)",
         "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",

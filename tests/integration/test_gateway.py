@@ -335,3 +335,47 @@ def test_the_gateway_gives_up_at_the_functions_timeout_plus_its_margin():
     status, body, took = asyncio.run(scenario())
     # 0.3 s of the function's own timeout + 2 s margin (the replica's own 504 comes first when it can)
     assert status == 504 and b"no answer within 2.3 s" in body and 2.2 < took < 4, (status, body, took)
+
+
+def test_in_flight_is_the_time_average_between_two_readings_not_a_count_at_one():
+    """Knative's queue-proxy reports concurrency weighted by the time spent at each value
+    (pkg/queue/stats.go); the gateway keeps the integral, so the controller's look reads the
+    average since its last look. On a fake clock: two requests in flight together for 0.2 s
+    of a 1 s span, then none, read 0.4, where a count at the span's end reads 0."""
+    clock = [1000.0]
+
+    async def scenario():
+        gateway = Gateway(CollectorRegistry(), poke=lambda f: None, known=lambda n: n == "f", clock=lambda: clock[0])
+        arrived: list[asyncio.StreamWriter] = []
+        both = asyncio.Event()
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            arrived.append(writer)
+            if len(arrived) == 2:
+                clock[0] += 0.2  # both inside the replica for 0.2 s
+                both.set()
+            await both.wait()
+            body = b'{"ok": true}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        gateway.add_endpoint("f", "r1", "127.0.0.1", server.sockets[0].getsockname()[1])
+        before = gateway.inflight_seconds("f")
+        codes = [c[0] for c in await asyncio.gather(Scope(gateway).call(), Scope(gateway).call())]
+        clock[0] += 0.8  # the rest of the span, idle
+        after = gateway.inflight_seconds("f")
+        server.close()
+        return codes, before, after, gateway.outstanding("f")
+
+    codes, before, after, now = asyncio.run(scenario())
+    assert codes == [200, 200]
+    assert before == (0.0, 1000.0)
+    assert after[1] == pytest.approx(1001.0)
+    assert (after[0] - before[0]) / (after[1] - before[1]) == pytest.approx(0.4)
+    assert now == 0

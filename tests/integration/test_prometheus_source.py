@@ -176,6 +176,9 @@ class _IdleRouter:
     def outstanding(self, function: str) -> int:
         return 0
 
+    def inflight_seconds(self, function: str) -> tuple[float, float]:
+        return 0.0, 0.0  # no integral: the reading takes the count now (outstanding)
+
     def held(self, function: str) -> int:
         return 0
 

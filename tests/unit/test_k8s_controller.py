@@ -35,6 +35,8 @@ def test_nine_queries_for_every_function_at_once():
     assert q["p95_s"] == ("histogram_quantile(0.95, sum by (function, le) "
                           "(rate(shoal_gateway_request_duration_seconds_bucket[30s])))")
     assert q["batches"] == "sum by (function) (rate(shoal_replica_batch_size_count[30s]))"
+    # in flight time-averaged between the last two scrapes, not the gauge's count at one
+    assert q["inflight"] == "sum by (function) (irate(shoal_replica_inflight_seconds_total[30s]))"
 
 
 def buckets(*pairs: tuple[str, float], function: str = "digits") -> list[dict]:

@@ -249,6 +249,9 @@ class _IdleRouter:
     def outstanding(self, function):
         return 0
 
+    def inflight_seconds(self, function):
+        return 0.0, 0.0  # no integral: the reading takes the count now (outstanding)
+
     def held(self, function):
         return 0
 
@@ -314,3 +317,35 @@ def test_batch_series_are_read():
     assert (stat.batches, stat.batch_rows, stat.busy_s) == (40.0, 190.0, 0.2)
     assert "batch_size_count" in replica_query("127.0.0.1:9001", 60) and "batch_size_sum" in replica_query(
         "127.0.0.1:9001", 60)
+
+
+def test_the_controllers_in_flight_is_the_gateways_average_since_its_last_reading():
+    """A snapshot's in-flight is the growth of the gateway's integral over the time between two
+    readings (InFlight): 0.9 request-seconds over 1.5 s is 0.6 in flight, whatever the count at
+    that instant (3). A first reading, a second at the same instant, or one after the gateway
+    forgot the function (its integral started over) takes the count now."""
+    class Router(_IdleRouter):
+        def __init__(self):
+            self.area, self.at, self.count = 0.0, 10.0, 3
+
+        def inflight_seconds(self, function):
+            return self.area, self.at
+
+        def outstanding(self, function):
+            return self.count
+
+    router = Router()
+    scaler = ReplicaScaler(backend=None, router=router, inventory=Inventory(()), events=lambda *a, **k: None,
+                           registry=CollectorRegistry())
+    scrapes = ReplicaScrapes(scaler, _Sequence(), router)
+
+    def inflight(area: float, at: float) -> float:
+        router.area, router.at = area, at
+        return asyncio.run(scrapes.snapshot("f", at)).inflight
+
+    assert inflight(0.0, 10.0) == 3.0  # first reading: the count now
+    assert inflight(0.9, 11.5) == pytest.approx(0.6)
+    assert inflight(0.9, 12.0) == 0.0  # nothing in flight for 0.5 s
+    assert inflight(0.9, 12.0) == 3.0  # no time between: the count
+    router.count = 1
+    assert inflight(0.1, 13.0) == 1.0  # forgotten and begun again: smaller
