@@ -65,8 +65,6 @@ class ColdStart:
 class Endpoint:
     replica: str
     pool: UpstreamPool
-    sent: InFlight  # its function's (Route.sent), shared by its endpoints; a request removed with
-    # its endpoint still counts there until answered, where outstanding() no longer sees it
     cold: ColdStart | None = None
     outstanding: int = 0
     draining: bool = False
@@ -82,7 +80,9 @@ class Route:
     metadata: dict[str, bytes] = field(default_factory=dict)  # cached model metadata, by path
     held_bytes: int = 0
     inflight: int = 0  # requests inside the gateway, held or sent
-    sent: InFlight = field(default_factory=InFlight)  # sent to a replica, not yet answered
+    # sent to a replica, not yet answered; one removed with its endpoint counts here until
+    # answered, where outstanding() no longer sees it
+    sent: InFlight = field(default_factory=InFlight)
 
     def ready(self) -> list[Endpoint]:
         return [e for e in self.endpoints if not e.draining]
@@ -174,7 +174,7 @@ class Gateway:
         cold = ColdStart(spawn_s, load_s) if spawn_s is not None and load_s is not None else None
         if not route.waiters:
             cold = None  # a scale-out nobody waited for is not a cold start
-        endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), route.sent, cold)
+        endpoint = Endpoint(replica, UpstreamPool(host, port, uds=uds), cold)
         endpoint.idle.set()
         route.endpoints.append(endpoint)
         if cold is not None:
@@ -320,7 +320,7 @@ class Gateway:
             waited += held_s
             sent_at = self._clock()
             try:
-                response = await self._send(endpoint, method, path, forward, body, timeout_s)
+                response = await self._send(route, endpoint, method, path, forward, body, timeout_s)
             except UpstreamUnavailable as exc:
                 tried.add(endpoint.replica)
                 if exc.retryable:
@@ -399,9 +399,9 @@ class Gateway:
                 f"(limit {self.config.max_held_bytes_per_function}); retry later"
             )
 
-    async def _send(self, endpoint: Endpoint, method, path, headers, body, timeout_s: float):
+    async def _send(self, route: Route, endpoint: Endpoint, method, path, headers, body, timeout_s: float):
         endpoint.outstanding += 1
-        endpoint.sent.change(+1, self._clock())
+        route.sent.change(+1, self._clock())
         endpoint.idle.clear()
         try:
             return await endpoint.pool.request(method, path, headers, body, timeout_s)
@@ -409,7 +409,7 @@ class Gateway:
             raise InferenceTimeout(f"replica {endpoint.replica} gave no answer within {timeout_s:g} s") from None
         finally:
             endpoint.outstanding -= 1
-            endpoint.sent.change(-1, self._clock())
+            route.sent.change(-1, self._clock())
             if endpoint.outstanding == 0:
                 endpoint.idle.set()
 

@@ -63,11 +63,11 @@ class ReplicaMetrics:
         self.batch_size = Histogram(
             "shoal_replica_batch_size", "Rows per executed batch", ["function"], buckets=BATCH_BUCKETS, registry=r,
         ).labels(function)
-        self.inflight = Gauge(
-            "shoal_replica_inflight", "Requests inside the replica (queued or running)", ["function"], registry=r,
-        ).labels(function)
         self._clock = clock
-        self.inside = InFlight(at=clock())  # the same count, integrated: its rate is the time average
+        self.inside = InFlight(at=clock())  # the count, and its integral: the integral's rate is the time average
+        Gauge(
+            "shoal_replica_inflight", "Requests inside the replica (queued or running)", ["function"], registry=r,
+        ).labels(function).set_function(lambda: self.inside.count)
         r.register(_Collector("shoal_replica_inflight_seconds", "Request-seconds inside the replica; rate = "
                               "time-averaged requests inside", function, lambda: self.inside.area(self._clock())))
         self.queued = Gauge(
@@ -97,11 +97,9 @@ class ReplicaMetrics:
 
     def enter(self) -> None:
         """A request is inside the replica (queued or running) from now."""
-        self.inflight.inc()
         self.inside.change(+1, self._clock())
 
     def leave(self) -> None:
-        self.inflight.dec()
         self.inside.change(-1, self._clock())
 
     def track_busy(self, source) -> None:
