@@ -48,8 +48,10 @@ TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BATCHERS = ("rule", "exact")  # SimConfig.batcher
 # no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy,
-# rows, read (a timed-out one is read at its timeout, before its replica is done with it)
-NOTHING_ANSWERING = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, bool))
+# rows, read (a timed-out one is read at its timeout, before its replica is done with it), sent (when it
+# left the gateway for a replica, or for the activator's hop: in flight from then)
+NOTHING_ANSWERING = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, bool),
+                     np.zeros(0))
 BIG = 1e5  # segment offset for the segmented cummax; > the spread of values inside one tick
 LAT_EDGES = np.logspace(-4, 3, 7 * 50 + 1)  # 100 us .. 1000 s, 50 bins a decade (4.7 % wide)
 GATEWAY_BOUNDS = np.array(LATENCY_BUCKETS_S + (math.inf,))  # the histogram the controller reads p95 from
@@ -489,16 +491,16 @@ class Simulation:
         self._ids = 0
         # per tick, per function
         self.tick_n = np.zeros(n)
-        self.tick_lat = np.zeros(n)
         self.tick_busy = np.zeros(n)
         # what the look at the tick's end reads (_observe): requests answered by then, busy time run
         self.seen_n = np.zeros(n)
         self.seen_busy = np.zeros(n)
         self.seen_p95 = np.full(n, np.nan)
         self.seen_over = np.zeros(n)  # requests over their SLO
-        self._answering = list(NOTHING_ANSWERING)  # (answered at, function, latency, occupancy, rows, read)
+        self.seen_inflight = np.zeros(n)  # request-seconds in flight in the tick (the gateway's integral's growth)
+        self._answering = list(NOTHING_ANSWERING)  # (answered at, function, latency, occupancy, rows, read, sent)
         self.tick_refused = np.zeros(n)  # held requests that timed out (the gateway's 504: a miss it counts)
-        self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _held_s)
+        self.tick_scraped = np.ones(n, bool)  # its replicas' scrapes saw the tick's work (see _first_ready)
         # totals
         self.hist = np.zeros(len(LAT_EDGES) + 1, np.int64)
         self.requests = self.served = self.within_slo = self.timed_out = 0
@@ -651,12 +653,13 @@ class Simulation:
         ready = np.bincount(srv.fid[srv.alive & ~starting], minlength=len(self.profiles))
         return (self.n_srv > 0) & (ready == 0)
 
-    def _held_s(self, a: np.ndarray, f: np.ndarray, t0: float) -> np.ndarray | None:
-        """Per function, the seconds its requests of the tick waited at the gateway for its first
-        replica to be ready (the part of their latency spent outside replicas); None when every
-        function serving in the tick had a replica ready at its start. A function whose first
-        replica is ready inside the tick is marked unscraped for it: live, a replica's first
-        scrape comes at the first look after it is ready, so what it did before is in no window."""
+    def _first_ready(self, t0: float) -> np.ndarray | None:
+        """Per function, when its first replica is ready: the gateway holds the tick's requests
+        (and those held before) until then, and sends them to a replica at max(arrival, it);
+        None when every function serving in the tick had a replica ready at its start. A
+        function whose first replica is ready inside the tick is marked unscraped for it: live,
+        a replica's first scrape comes at the first look after it is ready, so what it did
+        before is in no window."""
         srv = self.servers
         late = srv.alive & (srv.ready_at > t0)
         if not late.any():
@@ -664,7 +667,7 @@ class Simulation:
         first = np.full(len(self.profiles), np.inf)
         np.minimum.at(first, srv.fid[srv.alive], srv.ready_at[srv.alive])
         self.tick_scraped[(first > t0) & np.isfinite(first)] = False
-        return np.bincount(f, weights=np.maximum(0.0, first[f] - a), minlength=len(self.profiles))
+        return first
 
     def _expire_held(self, now: float) -> None:
         limit = now - self.config.timeout_s
@@ -685,7 +688,6 @@ class Simulation:
         look at t1 reads of them and of those before (_observe): the requests answered by t1."""
         stretch = self._stretch(t0) if self._shared_on is not None else None
         self.tick_n[:] = 0.0
-        self.tick_lat[:] = 0.0
         self.tick_busy[:] = 0.0
         self.tick_scraped[:] = True
         self.tick_refused[:] = 0.0
@@ -695,7 +697,7 @@ class Simulation:
 
     def _serve_arrivals(self, a: np.ndarray, f: np.ndarray, t0: float, stretch: np.ndarray | None) -> None:
         dt = self.config.tick_s
-        held_s = self._held_s(a, f, t0)
+        first_ready = self._first_ready(t0)
         hop = self._hops()
         if hop is not None:
             a = a + hop[f]  # the replicas see them a hop later; their latency still counts from arrival
@@ -735,23 +737,26 @@ class Simulation:
             parts.append(self._serve_interleaved(a, f, t0, slots, offset, service, latency_extra))
             came.append(a)
         f, latency, s, rows = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
-        end = (np.concatenate(came) if len(came) > 1 else came[0]) + latency  # answered at (a hop included)
+        came = np.concatenate(came) if len(came) > 1 else came[0]
+        end = came + latency  # answered at (a hop included)
         if hop is not None:
             latency = latency + hop[f]
+            came = came - hop[f]
+        # in flight from when the gateway sends it on (the activator's hop counts: it reports the
+        # requests it proxies); a request held for a cold start is in flight once a replica is ready
+        sent = came if first_ready is None else np.maximum(came, first_ready[f])
         self._account(f, latency, s, n_f)
-        if held_s is not None:  # in flight counts requests inside replicas (the gateway's held apart)
-            self.tick_lat -= held_s
         self._answering = [np.concatenate(x) for x in zip(self._answering,
-                                                          (end, f, latency, s, rows, np.zeros(len(end), bool)))]
+                                                          (end, f, latency, s, rows, np.zeros(len(end), bool), sent))]
 
     # ------------------------------------------------------------------ the baselines' request paths
 
     def _hops(self) -> np.ndarray | None:
         """Per function, seconds its requests spend in an extra hop before a replica: Knative's
         activator while the KPA keeps it in the path (KpaPolicy.hops); None for the other
-        policies. The hop adds to latency (and so to the concurrency the KPA reads, by
-        Little's law: the activator reports the requests it proxies, collector.go's record
-        takes them off the pods' count, and each is counted once), not to a replica's occupancy."""
+        policies. The hop adds to latency (and so to the requests in flight the KPA reads: the
+        activator reports the requests it proxies, collector.go's record takes them off the
+        pods' count, and each is counted once), not to a replica's occupancy."""
         return self.policy.hops(len(self.profiles)) if isinstance(self.policy, KpaPolicy) else None
 
     def _cap_batches_at_max_ongoing(self, policy: "RayPolicy") -> None:
@@ -947,8 +952,8 @@ class Simulation:
     def _account(self, f: np.ndarray, latency: np.ndarray, s: np.ndarray, n_f: np.ndarray) -> None:
         """The tick's requests: their outcomes (answered, within the SLO, timed out, the latency
         histogram of the record) and the work they brought, by arrival (the gateway's count,
-        in flight by Little's law, their replicas' occupancy): what the lending and the
-        sharing of a device weigh. What the policy's look reads is _observe's."""
+        their replicas' occupancy): what the lending and the sharing of a device weigh. What
+        the policy's look reads is _observe's."""
         n = len(self.profiles)
         self.served += len(latency)
         ok = latency <= self.slo_s[f]
@@ -956,7 +961,6 @@ class Simulation:
         self.timed_out += int((latency > self.config.timeout_s).sum())
         self.hist += np.bincount(np.searchsorted(LAT_EDGES, latency), minlength=len(self.hist))
         self.tick_n[:] = n_f
-        self.tick_lat[:] = np.bincount(f, weights=latency, minlength=n)
         self.tick_busy[:] = np.bincount(f, weights=s, minlength=n)
 
     def _observe(self, t0: float, t1: float) -> None:
@@ -965,32 +969,40 @@ class Simulation:
         over the SLO, the batches learned) once it is answered, by t1, and its replica's busy time
         as it runs, each tick its overlap with the run of its batch: a request whose batch ran
         0.9-1.1 s counts half its occupancy at the look at 1 s, half and its answer at 2 s. Live,
-        a request that arrived at 0.95 s and is answered at 1.05 s is in no window of the look at
-        1 s; the simulator counted it there, latency and all, before it was answered."""
-        end, f, latency, share, rows, read = self._answering
+        a request that arrived at 0.95 s and is answered at 1.05 s is counted, with its latency,
+        in no window of the look at 1 s; the simulator counted it there before it was answered.
+        Requests in flight are the gateway's integral's growth over the tick
+        (serving.metrics.InFlight, read as sources.direct reads it): each request's overlap of its
+        time from sent to answered with the tick; e.g. one sent at 0.5 s and answered at 2.5 s
+        adds 0.5 request-seconds to the look at 1 s and 1.0 to the look at 2 s (the one of
+        0.95-1.05 s, 0.05 to the look at 1 s)."""
+        end, f, latency, share, rows, read, sent = self._answering
         n = len(self.profiles)
         limit = self.config.timeout_s
         self.seen_n[:] = 0.0
         self.seen_busy[:] = 0.0
         self.seen_p95[:] = np.nan
         self.seen_over[:] = 0.0
+        self.seen_inflight[:] = 0.0
         if not len(end):
             return
+        # one slower than the timeout is answered (504) at it, its latency the timeout, and read
+        # then; its replica runs it on to the end (busy till then)
+        late = latency > limit
+        answered = np.where(late, end - latency + limit, end) if late.any() else end
+        inside = np.minimum(answered, t1) - np.maximum(sent, t0)
+        self.seen_inflight[:] = np.bincount(f, weights=np.maximum(inside, 0.0), minlength=n)
         run = share * rows  # the seconds of its batch, which ended when it was answered
         start = np.maximum(end - run, end - latency)
         with np.errstate(divide="ignore", invalid="ignore"):
             part = np.where(end > start, (np.minimum(end, t1) - np.maximum(start, t0)) / (end - start), 1.0)
         self.seen_busy[:] = np.bincount(f, weights=share * np.clip(part, 0.0, 1.0), minlength=n)
-        # one slower than the timeout is answered (504) at it, its latency the timeout, and read
-        # then; its replica runs it on to the end (busy till then)
-        late = latency > limit
-        answered = np.where(late, end - latency + limit, end) if late.any() else end
         now = (answered <= t1 + 1e-9) & ~read
         gone = end <= t1 + 1e-9  # each read by now: answered <= end
         if gone.all():
             self._answering = list(NOTHING_ANSWERING)
         else:
-            self._answering = [x[~gone] for x in (end, f, latency, share, rows, read | now)]
+            self._answering = [x[~gone] for x in (end, f, latency, share, rows, read | now, sent)]
         if not now.any():
             return
         f, latency, share, rows = f[now], np.minimum(latency[now], limit), share[now], rows[now]
@@ -1094,12 +1106,12 @@ class Simulation:
 
     def _look_each(self, fids: np.ndarray, ready: np.ndarray, now: float) -> None:
         """The policy's looks at `fids` (`ready` replicas ready at `now`) from this tick's
-        measurements, in one call (looks.look_each), then the decisions to act on, in order:
-        the same as one look and its action after another, since a function's snapshot, spec
-        and state are its own and acting on a decision changes only its own. Concurrency by
-        Little's law (summed latency / tick), the duty of each ready replica (busy seconds /
-        (ready x tick), at most 1), p95, seconds of service and the share over the SLO per
-        request answered, from numpy at once."""
+        measurements, in one call (looks.look_each), then the decisions to act on, in order: the
+        same as one look and its action after another, since a function's snapshot, spec and state
+        are its own and acting on a decision changes only its own. Concurrency as the time average
+        of requests in flight over the tick (_observe), the duty of each ready replica (busy seconds
+        / (ready x tick), at most 1), p95, seconds of service and the share over the SLO per request
+        answered, from numpy at once."""
         if not len(fids):
             return
         dt = self.config.tick_s
@@ -1112,7 +1124,8 @@ class Simulation:
             refused = self.tick_refused[fids]
             over_slo = np.where(n + refused > 0, (self.seen_over[fids] + refused) / (n + refused), 0.0)
             p95 = np.where(refused > 0.05 * (n + refused), GATEWAY_BOUNDS[-2], self.seen_p95[fids])
-        tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), (self.tick_lat[fids] / dt).tolist(),
+        inflight = self.seen_inflight[fids] / dt
+        tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), inflight.tolist(),
                           duty.tolist(), (seen / dt).tolist(), p95.tolist(), service.tolist(),
                           over_slo.tolist(), now, dt)
         acted, quiet = self.policy.look_each(tick, self._functions)

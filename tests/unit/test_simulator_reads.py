@@ -1,6 +1,7 @@
 """What the simulator's policy reads, as the live controller reads it (issue 19, sim against
 live): requests wait at the gateway until a replica is ready (the snapshot's activator_queue,
-not in flight), in flight counts only time inside replicas, a replica's work before its
+not in flight), in flight counts only time inside replicas, each tick its overlap with it
+(the gateway's integral, as the live look reads it), a replica's work before its
 first scrape is in no window, and p95 and the share over the SLO
 are interpolated in the gateway's latency histogram (autoscaler.metrics.quantiles), as
 `autoscaler/sources/direct.py` reads them. Unless a case says otherwise: one function with a
@@ -53,10 +54,38 @@ def test_requests_wait_at_the_gateway_until_the_replica_is_ready():
     # before the replica's first scrape (this look): no rate or duty read yet, the gateway saw them
     assert (s.ready, s.activator_queue, s.rps, s.duty) == (1, 0, 0.0, (0.0,))
     assert s.p95_s is not None and s.over_slo == 1.0  # all waited 2 s and more
-    # inside the replica the k-th (k = 0..9) spends 0.04 (k + 1) s: 0.04 x 55 = 2.2 request-seconds
-    # in the 1-s tick; from arrival it would add the held 2.7 - (0.2 + 0.05 k): 25 - 2.25 = 22.75 more
-    assert s.inflight == pytest.approx(2.2)
+    # in flight, as the gateway's integral grows: the k-th (k = 0..9) is sent at 2.7 and answered at
+    # 2.7 + 0.04 (k + 1); the tick to 3.0 holds 0.04 x (1 + ... + 7) = 1.12 request-seconds of the
+    # first 7 and 0.3 of each of the last 3 (answered at 3.02, 3.06, 3.10): 2.02 in the 1-s tick.
+    # From arrival it would add their held time inside the tick, 2.0-2.7 s: 10 x 0.7 = 7.0 more
+    assert s.inflight == pytest.approx(2.02)
+    # the rest in the next tick's: 0.02 + 0.06 + 0.10
+    assert seen[4.0].inflight == pytest.approx(0.18)
     assert (record["served"], record["cold_starts"]) == (10, 1)
+
+
+def test_in_flight_is_each_requests_overlap_with_the_tick_not_its_whole_time_where_it_came():
+    # a slow model (2.0 s at batch 1, SLO 5 s): the request at 0 starts a replica, ready at 2.5, and
+    # is in it 2.5-4.5; the one at 5.0 is in it 5.0-7.0. Each tick reads its overlap: 0.5, 1.0, 0.5,
+    # then 1.0 and 1.0. Little's law on the tick each came in would read 2.0 at 3 and at 6, 0 between
+    slow = Profile("p2000", ((1, 2000.0),), 0.25, 0.25, cold_start_s=2.5, slo_ms=5000.0)
+    seen, _ = run([0.0, 5.0], profile=slow, duration=9.0)
+    assert [seen[t].inflight for t in (3.0, 4.0, 5.0, 6.0, 7.0, 8.0)] == pytest.approx([0.5, 1.0, 0.5, 1.0, 1.0, 0.0])
+
+
+def test_a_request_past_the_timeout_leaves_flight_at_its_504():
+    # 4.0 s at batch 1, a hold timeout of 3 s: the request at 0 waits for the replica (ready at
+    # 2.5), goes in at 2.5 and would be answered at 6.5; the gateway answers 504 at 0 + 3 = 3.0,
+    # so it is in flight 2.5-3.0: 0.5 at the look at 3 s and nothing after, though its replica
+    # runs it on to 6.5
+    slow = Profile("p4000", ((1, 4000.0),), 0.25, 0.25, cold_start_s=2.5, slo_ms=5000.0)
+    trace = Trace(kind="csv", duration_s=8.0, functions=("f0",), times=np.zeros(1),
+                  fids=np.zeros(1, np.int32), params={})
+    policy = OneReplica()
+    record = Simulation(trace, [slow], policy, SimConfig(gpus=1, timeout_s=3.0)).run()
+    seen = policy.seen
+    assert [seen[t].inflight for t in (3.0, 4.0, 5.0, 6.0, 7.0)] == pytest.approx([0.5, 0.0, 0.0, 0.0, 0.0])
+    assert record["timed_out"] == 1
 
 
 def test_p95_and_the_share_over_the_slo_come_from_the_gateway_histogram():
