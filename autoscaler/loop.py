@@ -65,8 +65,14 @@ class Reading(NamedTuple):
 
 
 class MetricsSource(Protocol):
-    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
-        """A reading per function whose metrics could be read; one left out keeps its count."""
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float,
+                   between_ticks: bool = False) -> dict[str, Reading]:
+        """A reading per function whose metrics could be read; one left out keeps its count.
+        A tick's reading ends the windows it reads over (in flight, rates, latencies since the
+        last tick's); a look between ticks (`between_ticks`: a poke, by requests held, a replica
+        that failed, a deploy) reads them without ending them, so the next tick's window is still
+        a whole tick, as Knative's queue-proxy reports over fixed 1 s periods whatever the
+        activator asks between."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,8 @@ class Loop:
         fleets = self.scaler.observe(functions)
         self.memory.keep_only(set(functions) | broken)
         names = sorted(functions) if only is None else sorted(n for n in only if n in functions)
-        readings = await self.metrics.read({n: (functions[n][0], fleets.get(n, Fleet())) for n in names}, now)
+        readings = await self.metrics.read({n: (functions[n][0], fleets.get(n, Fleet())) for n in names}, now,
+                                           between_ticks=only is not None)
         result = TickResult()
         targets = {n: self._target(n, *functions[n], fleets.get(n), readings.get(n), now, result) for n in names}
         # what this tick did not look at (unreadable specs, functions a poke left out) is kept as it runs

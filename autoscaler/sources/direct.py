@@ -2,9 +2,9 @@
 
 Every ready replica is scraped (`HttpScraper`, or `PrometheusSource` through a Prometheus that
 scrapes them); a function's rates come from the last two scrapes of each replica, its in-flight
-(time-averaged since its last reading) and held counts from the gateway, and its p95 and share
-over the SLO from the gateway's latency histogram (from arrival, held time included: a request
-held through a cold start is a miss). A replica stuck in its model past its function's timeout,
+(time-averaged since its last tick's reading) and held counts from the gateway, and its p95 and
+share over the SLO from the gateway's latency histogram (from arrival, held time included: a
+request held through a cold start is a miss); a look between ticks ends none of these windows. A replica stuck in its model past its function's timeout,
 or silent past `unresponsive_s`, is failed here (a liveness probe) and not counted. Imports
 neither deploy nor serving; the I/O is httpx only.
 """
@@ -75,12 +75,13 @@ class ReplicaScrapes:
 
     def __init__(self, scaler: ReplicaScaler, scraper: Scraper, latencies: Latencies):
         self.scaler, self.scraper, self.latencies = scaler, scraper, latencies
-        self.seen: dict[str, Histogram] = {}  # function -> the gateway's histogram at its last reading
+        self.seen: dict[str, Histogram] = {}  # function -> the gateway's histogram at its last tick's reading
         self.last_inflight: dict[str, tuple[float, float]] = {}  # function -> the gateway's integral, and when
 
-    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float,
+                   between_ticks: bool = False) -> dict[str, Reading]:
         histograms = self.latencies.latencies()  # once a tick, for every function
-        readings = await asyncio.gather(*(self.reading(name, now, spec, histograms)
+        readings = await asyncio.gather(*(self.reading(name, now, spec, histograms, between_ticks)
                                           for name, (spec, _) in wanted.items()))
         return dict(zip(wanted, readings))
 
@@ -88,45 +89,57 @@ class ReplicaScrapes:
         return (await self.reading(name, now, spec)).snapshot
 
     async def reading(self, name: str, now: float, spec: FunctionSpec | None = None,
-                      histograms: dict[str, Histogram] | None = None) -> Reading:
-        served = self._served(name, self.latencies.latencies() if histograms is None else histograms)
+                      histograms: dict[str, Histogram] | None = None, between_ticks: bool = False) -> Reading:
+        """The function's reading at `now`; `between_ticks`, over the windows since the last tick's
+        reading without ending them (MetricsSource.read)."""
+        keep = not between_ticks
+        served = self._served(name, self.latencies.latencies() if histograms is None else histograms, keep)
         mine = self.scaler.live(name)
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
         live = [(r, s) for r, s in zip(ready, stats) if not self._dead(r, s, now) and s is not None]
-        w = _Window(live)
+        w = _Window(live, keep)
         failed = sum(1 for r in ready if r.state == "failed")
         router = self.scaler.router
         snapshot = MetricsSnapshot(
             function=name, at=now, ready=len(ready) - failed, starting=len(mine) - len(ready),
-            inflight=self._inflight(name), queued=w.queued, activator_queue=router.held(name),
+            inflight=self._inflight(name, keep), queued=w.queued, activator_queue=router.held(name),
             # the window's length, only when it is a new window: the same rates read again (Prometheus
-            # has not scraped since) are no second measurement of the rate's variance
-            duty=tuple(w.duties), rps=w.rps, window_s=w.windows / len(w.duties) if w.duties and w.moved else 0.0,
+            # has not scraped since, or a look between ticks that the tick reads again) are no second
+            # measurement of the rate's variance
+            duty=tuple(w.duties), rps=w.rps,
+            window_s=w.windows / len(w.duties) if w.duties and w.moved and keep else 0.0,
             p95_s=quantile(served, 0.95), service_s=w.busy / w.answered if w.answered else None,
             over_slo=fraction_over(served, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
         )
         # in requests, the unit of rps and in-flight
         return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
 
-    def _inflight(self, name: str) -> float:
-        """The function's requests in its replicas, time-averaged since its last reading (the
-        gateway's integral, InFlight), as the simulator's look reads it (the tick's request-seconds
-        over its length) and Knative's KPA reads concurrency; at a first reading, or after the
-        gateway forgot the function, the count now."""
+    def _inflight(self, name: str, keep: bool = True) -> float:
+        """The function's requests in its replicas, time-averaged since its last tick's reading
+        (the gateway's integral, InFlight), as the simulator's look reads it (each request's
+        overlap with the tick, over its length) and Knative's KPA reads concurrency; at a first
+        reading, or after the gateway forgot the function, the count now. `keep`: this reading
+        ends the window (a tick's); a look between ticks reads the window so far and leaves it
+        open. E.g. requests held through a cold start poke looks every few ms until a replica is
+        ready at 2.05 s; had each ended the window, the tick at 2.2 s would read 0.15 s of the
+        released backlog as its average, nearly the count of it (45 where the tick's average is 7)."""
         router = self.scaler.router
         area, at = router.inflight_seconds(name)
         last = self.last_inflight.get(name)
-        self.last_inflight[name] = (area, at)
+        if keep or last is None:
+            self.last_inflight[name] = (area, at)
         if last is None or at <= last[1] or area < last[0]:
             return float(router.outstanding(name))
         return (area - last[0]) / (at - last[1])
 
-    def _served(self, name: str, histograms: dict[str, Histogram]) -> Histogram:
-        """The requests the gateway answered for `name` since its last reading, by latency."""
+    def _served(self, name: str, histograms: dict[str, Histogram], keep: bool = True) -> Histogram:
+        """The requests the gateway answered for `name` since its last tick's reading, by latency
+        (`keep`: this reading ends the window)."""
         now = histograms.get(name, ())
         window = histogram_delta(self.seen.get(name), now)
-        self.seen[name] = now
+        if keep or name not in self.seen:  # a first reading starts the window either way, as _inflight's
+            self.seen[name] = now
         return window
 
     def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
@@ -159,16 +172,19 @@ class ReplicaScrapes:
 
 class _Window:
     """The function's window summed over its replicas' last two scrapes; each replica's window
-    moves on with this scrape (metrics.advance_window)."""
+    moves on with this scrape (metrics.advance_window), unless `keep` is False (a look between
+    ticks: read as if it moved on, left where it was)."""
 
-    def __init__(self, scraped: list[tuple[Replica, ReplicaStat]]):
+    def __init__(self, scraped: list[tuple[Replica, ReplicaStat]], keep: bool = True):
         self.duties: list[float] = []
         self.rps = self.queued = self.busy = self.answered = self.batches = self.windows = 0.0
-        self.moved = False  # some replica's window moved on: a scrape newer than the last look's
+        self.moved = False  # some replica's window moved on: a scrape newer than the last tick's
         for replica, stat in scraped:
             self.moved = self.moved or not replica.stats or stat.at > replica.stats[-1].at
-            replica.stats = advance_window(replica.stats, stat)
-            self._add(replica.stats[0] if len(replica.stats) == 2 else None, replica.stats[-1])
+            stats = advance_window(replica.stats, stat)
+            if keep:
+                replica.stats = stats
+            self._add(stats[0] if len(stats) == 2 else None, stats[-1])
 
     def _add(self, prev: ReplicaStat | None, stat: ReplicaStat) -> None:
         self.queued += stat.queued

@@ -174,7 +174,7 @@ def cluster_queries(window: str = WINDOW) -> dict[str, str]:
         # latency as the user sees it: the gateways' histogram, from arrival, held time included
         "p95_s": f"histogram_quantile(0.95, sum by (function, le) (rate({LATENCY}[{window}])))",
         # time-averaged between the last two scrapes (irate of the integral), as shoal up's
-        # gateway reads it between two looks and Knative's queue-proxy reports it; a pod with
+        # gateway reads it between two ticks and Knative's queue-proxy reports it; a pod with
         # one scrape so far has no irate yet and counts from its second
         "inflight": f"sum {by} (irate(shoal_replica_inflight_seconds_total[{window}]))",
         "queued": f"sum {by} (shoal_replica_queued)",
@@ -266,7 +266,9 @@ class FunctionQueries:
         with self._pokes_lock:
             self.pokes[function] = (now, max(0, held))
 
-    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float) -> dict[str, Reading]:
+    async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float,
+                   between_ticks: bool = False) -> dict[str, Reading]:
+        # Prometheus's range queries end no window of ours: a look between ticks reads as a tick's
         with self._pokes_lock:  # names poked once go
             self.pokes = {f: p for f, p in self.pokes.items() if now - p[0] <= POKE_TTL_S}
         try:

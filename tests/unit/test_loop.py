@@ -294,7 +294,11 @@ class _Keeps:
 
 
 class _NoMetrics:
-    async def read(self, wanted, now):
+    def __init__(self) -> None:
+        self.between: list[bool] = []
+
+    async def read(self, wanted, now, between_ticks=False):
+        self.between.append(between_ticks)
         return {}
 
 
@@ -305,10 +309,12 @@ class _NoMetrics:
     ({"a"}, {"a"}, {"bad", "b"}),
 ], ids=["full-tick", "poked-tick"])
 def test_a_tick_keeps_what_it_did_not_look_at(only, targets, kept):
-    scaler = _Keeps()
-    loop = Loop(_Two(), _NoMetrics(), scaler, lambda *a, **k: None, CollectorRegistry())
+    scaler, metrics = _Keeps(), _NoMetrics()
+    loop = Loop(_Two(), metrics, scaler, lambda *a, **k: None, CollectorRegistry())
     result = asyncio.run(loop.tick(T0, only=only))
     assert set(result.unread) == targets and scaler.kept == [frozenset(kept)]
+    # a poked look reads between ticks: it ends no window of the metrics (MetricsSource.read)
+    assert metrics.between == [only is not None]
 
 
 # ---------------------------------------------------------------------- shoal up --policy

@@ -285,6 +285,27 @@ def test_controller_keeps_the_last_rates_while_prometheus_has_not_scraped_again(
     assert third.duty == pytest.approx((0.2,)) and third.rps == pytest.approx(10.0) and third.window_s == 15.0
 
 
+def test_a_look_between_ticks_leaves_a_replicas_scrape_window_where_it_was():
+    # scrapes at 10 (a tick), 25 (a poked look) and 40 (the next tick): the poked look reads A -> B
+    # and no window of its own (window_s 0); the tick then reads A -> C, its whole window, not B -> C
+    router = _IdleRouter()
+    scaler = ReplicaScaler(backend=None, router=router, inventory=Inventory(()), events=lambda *a, **k: None,
+                           registry=CollectorRegistry())
+    controller = ReplicaScrapes(scaler, _Sequence(A, B, C), router)
+    scaler.replicas["r"] = Replica("r", "f", 1, placement=None, state="ready",
+                                   handle=SimpleNamespace(host="127.0.0.1", port=1))
+
+    def look(now, between_ticks):
+        return asyncio.run(controller.reading("f", now, between_ticks=between_ticks)).snapshot
+
+    look(1.0, False)
+    poked = look(2.0, True)
+    assert poked.rps == pytest.approx(20.0) and poked.window_s == 0.0  # A -> B, read, not a new window
+    tick = look(3.0, False)
+    # A -> C: (10 - 1) busy s / 30 s = 0.3 duty; (550 - 100) / 30 s = 15 requests/s
+    assert tick.duty == pytest.approx((0.3,)) and tick.rps == pytest.approx(15.0) and tick.window_s == 30.0
+
+
 # ---------------------------------------------------------------------- shoal up options
 
 
@@ -317,6 +338,47 @@ def test_batch_series_are_read():
     assert (stat.batches, stat.batch_rows, stat.busy_s) == (40.0, 190.0, 0.2)
     assert "batch_size_count" in replica_query("127.0.0.1:9001", 60) and "batch_size_sum" in replica_query(
         "127.0.0.1:9001", 60)
+
+
+def test_a_look_between_ticks_reads_the_windows_without_ending_them():
+    """Held requests poke looks between ticks (MetricsSource.read's between_ticks); those read
+    the gateway's windows so far and leave them open, so the next tick still reads a whole tick.
+    A backlog released at 11.05 s, 45 requests in flight to 11.2 s: 6.75 request-seconds. The
+    tick at 11.2 reads them over the 1.2 s since the tick at 10.0 (5.625 in flight), not over the
+    0.3 s since a poke at 10.9 (22.5, nearly the count). Ten requests answered at 2.5 s before
+    the poke and ten at 40 ms after: the tick's p95 is of all twenty (the slow ones' bucket),
+    not of the ten fast ones alone."""
+    class Router(_IdleRouter):
+        def __init__(self):
+            self.area, self.at, self.count, self.hist = 0.0, 10.0, 0, ()
+
+        def inflight_seconds(self, function):
+            return self.area, self.at
+
+        def outstanding(self, function):
+            return self.count
+
+        def latencies(self):
+            return {"f": self.hist}
+
+    router = Router()
+    scaler = ReplicaScaler(backend=None, router=router, inventory=Inventory(()), events=lambda *a, **k: None,
+                           registry=CollectorRegistry())
+    scrapes = ReplicaScrapes(scaler, _Sequence(), router)
+
+    def look(area, at, hist, between_ticks):
+        router.area, router.at, router.hist = area, at, hist
+        return asyncio.run(scrapes.reading("f", at, between_ticks=between_ticks)).snapshot
+
+    look(0.0, 10.0, ((0.05, 0.0), (2.5, 0.0), (math.inf, 0.0)), False)  # a tick
+    poked = look(0.0, 10.9, ((0.05, 0.0), (2.5, 10.0), (math.inf, 10.0)), True)
+    assert poked.inflight == 0.0 and poked.p95_s is not None and poked.p95_s > 0.05  # it reads the window so far
+    tick = look(6.75, 11.2, ((0.05, 10.0), (2.5, 20.0), (math.inf, 20.0)), False)
+    assert tick.inflight == pytest.approx(6.75 / 1.2)
+    assert tick.p95_s is not None and tick.p95_s > 0.05
+    # the tick ended the windows: the next one reads from 11.2 (nothing answered since)
+    after = look(7.75, 12.2, ((0.05, 20.0), (2.5, 20.0), (math.inf, 20.0)), False)
+    assert after.inflight == pytest.approx(1.0) and after.p95_s is None
 
 
 def test_the_controllers_in_flight_is_the_gateways_average_since_its_last_reading():
