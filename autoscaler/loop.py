@@ -208,12 +208,19 @@ class Loop:
         self._stopping = False
 
     async def tick(self, now: float, only: set[str] | None = None) -> TickResult:
-        """One look at every function (or only those in `only`), decided and applied."""
+        """One look at every function (or only those in `only`: a poke), decided and applied.
+        A poked function with a replica already starting is left to the next tick, as the
+        simulator looks between ticks only at a function with no replica (`_hold_cold`): every
+        request held through a cold start pokes, and a look for each would add the held count to
+        the KPA's second once per request (`Buckets.record`) and weigh Shoal's next sample by the
+        milliseconds since the last poke. E.g. 60 requests held in the 2 s a replica starts: one
+        poked look, at the first, not 60 (and the two ticks' looks, as ever)."""
         functions = self.functions.functions()
         broken = frozenset(self.functions.broken)
         fleets = self.scaler.observe(functions)
         self.memory.keep_only(set(functions) | broken)
-        names = sorted(functions) if only is None else sorted(n for n in only if n in functions)
+        names = sorted(functions) if only is None else sorted(
+            n for n in only if n in functions and not (n in fleets and fleets[n].starting))
         readings = await self.metrics.read({n: (functions[n][0], fleets.get(n, Fleet())) for n in names}, now,
                                            between_ticks=only is not None)
         result = TickResult()

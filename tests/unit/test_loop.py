@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.loop import Loop, Memory, Policy, Target
+from autoscaler.loop import Fleet, Loop, Memory, Policy, Target
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Device, Inventory
 from autoscaler.policies import Kpa, RayServe, Shoal, policy_named
@@ -315,6 +315,28 @@ def test_a_tick_keeps_what_it_did_not_look_at(only, targets, kept):
     assert set(result.unread) == targets and scaler.kept == [frozenset(kept)]
     # a poked look reads between ticks: it ends no window of the metrics (MetricsSource.read)
     assert metrics.between == [only is not None]
+
+
+@pytest.mark.parametrize("fleet, looked", [
+    (Fleet(replicas=1, ready=0), False),  # its cold start under way: the tick will look
+    (Fleet(replicas=2, ready=1), False),  # one ready, one more starting
+    (Fleet(replicas=1, ready=1), True),  # nothing starting (a replica failed beside it, say)
+], ids=["starting", "ready-and-starting", "none-starting"])
+def test_a_poke_looks_only_at_a_function_with_no_replica_starting(fleet, looked):
+    # a and b poked: b is at zero and looked at now; a only when none of its replicas is starting,
+    # else it waits for the tick, kept as it runs
+    class Fleets(_Keeps):
+        def observe(self, functions):
+            return {"a": fleet}
+
+    scaler, metrics = Fleets(), _NoMetrics()
+    loop = Loop(_Two(), metrics, scaler, lambda *a, **k: None, CollectorRegistry())
+    result = asyncio.run(loop.tick(T0, only={"a", "b"}))
+    assert set(result.unread) == ({"a", "b"} if looked else {"b"})
+    assert scaler.kept == [frozenset({"bad"} if looked else {"a", "bad"})]
+    # a tick looks at both, starting or not
+    result = asyncio.run(loop.tick(T0 + 1.0))
+    assert set(result.unread) == {"a", "b"}
 
 
 # ---------------------------------------------------------------------- shoal up --policy
