@@ -123,7 +123,8 @@ class ReplicaScrapes:
         ends the window (a tick's); a look between ticks reads the window so far and leaves it
         open. E.g. requests held through a cold start poke looks every few ms until a replica is
         ready at 2.05 s; had each ended the window, the tick at 2.2 s would read 0.15 s of the
-        released backlog as its average, nearly the count of it (45 where the tick's average is 7)."""
+        released backlog as its average, nearly the count of it: 45 where the tick's average is
+        45 x 0.15 / 1 = 6.75."""
         router = self.scaler.router
         area, at = router.inflight_seconds(name)
         last = self.last_inflight.get(name)
