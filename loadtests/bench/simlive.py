@@ -13,6 +13,7 @@ simulator simulated: no figure is a GPU measurement. Results and how to read the
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
@@ -38,6 +39,12 @@ TARGET_CONCURRENCY = 2.0
 IDLE_TO_ZERO_S = 60.0
 TICK_S = 1.0  # shoal up's default controller tick, and the simulator's
 HOLD_TIMEOUT_S = 30.0  # shoal up's default: how long the gateway holds a request for a cold start
+# What each batch of shoal up's replica takes on this machine beyond the profile's slept time (the
+# batch loop, the executor's hand-off, the answers sent back), measured by batch_overhead_s on the
+# one-replica (ray) runs made before it was added: minutes 10-20, 20-30, 30-40 and 40-50 gave 0.64,
+# 0.63, 0.72 and 0.70 ms, median 0.67, taken to a tenth of a millisecond (docs/simlive.md). A live
+# run whose one replica served it all measures it again and reports it beside the constant.
+SERVING_OVERHEAD_S = 0.0007
 
 
 @dataclass(frozen=True)
@@ -199,18 +206,51 @@ def deploy(url: str, token: str | None, profile: Path) -> None:
             raise ValueError(f"deploy {FUNCTION}: {r.status_code} {r.text[:300]}")
 
 
-def sim_profile(profile: Path, cold_start_s: float):
+def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
     """The simulator's Profile of the live function: `shoal simulate --profile`'s own reading,
-    with the slice, SLO and target concurrency deployed live and the cold start measured live."""
+    with the slice, SLO and target concurrency deployed live, the cold start measured live, and
+    `overhead_s` added to every batch's latency (the serving stack's time per batch beyond the
+    emulated device's sleep: SERVING_OVERHEAD_S). E.g. ((1, 40), (8, 120)) ms, 0.7 ms:
+    ((1, 40.7), (8, 120.7))."""
     from deploy.cli.simulate import profile_from
 
+    if not (math.isfinite(overhead_s) and overhead_s >= 0):
+        raise ValueError(f"overhead_s ({overhead_s}) must be a finite number >= 0")
     made = profile_from(argparse.Namespace(profile=profile, slo_ms=SLO_MS, slice=float(Fraction(SLICE)),
                                            cold_start_s=cold_start_s))
-    return replace(made, target_concurrency=TARGET_CONCURRENCY)
+    latency = tuple((b, ms + overhead_s * 1000.0) for b, ms in made.latency_ms)
+    return replace(made, target_concurrency=TARGET_CONCURRENCY, latency_ms=latency)
+
+
+def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[float, ...],
+                     together_s: float = 0.0015, path_s: float = 0.002) -> float | None:
+    """What one replica's batches took beyond the profile, from a load test's requests (sent at
+    `sent`, answered `latency_s` later), when a single replica served them all: answers within
+    `together_s` of each other are one batch (timed by its first answer); a batch all of whose
+    requests were sent at least `path_s` (the way to the replica and back) before the one before
+    it was answered was queued when the replica freed and ran back to back with it, so the time
+    between the two answers is its own latency; minus the profile's for its rows (`seconds`, by
+    rows, as batch_seconds gives). The median over such batches; None without one. E.g. batches
+    of 8 answered at 1.000, 1.1207 and 1.2414 s, all sent before 0.9 s, on ((1, 40), (8, 120))
+    ms: 0.7 ms."""
+    if len(sent) != len(latency_s):
+        raise ValueError(f"{len(sent)} sends and {len(latency_s)} latencies")
+    answers = sorted((t + lat, t) for t, lat in zip(sent, latency_s))
+    batches: list[tuple[float, float, int]] = []  # (answered, last sent, rows)
+    for end, at in answers:
+        if batches and end - batches[-1][0] < together_s:
+            first, last, rows = batches[-1]
+            batches[-1] = (first, max(last, at), rows + 1)
+        else:
+            batches.append((end, at, 1))
+    extra = [end - before - seconds[rows - 1]
+             for (before, _, _), (end, last, rows) in zip(batches, batches[1:])
+             if last < before - path_s and rows <= len(seconds)]
+    return statistics.median(extra) if extra else None
 
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
-            phase: float = 0.0) -> dict[str, Any]:
+            phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick at the
     live run's phase (`phase`, of a tick, after each second of the load: tick_phase), nothing
@@ -218,7 +258,8 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     batcher "exact"). The phase moves the arrivals, not the ticks: the simulator ticks at whole
     multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85: live ticks
     at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals 0.15 s
-    later, and each tick sees the same 0.85 s of a second's arrivals as live."""
+    later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch takes
+    `overhead_s` more than the profile says (sim_profile)."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
@@ -230,7 +271,7 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     if late:
         trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
                       {**trace.params, "late_s": late}, trace.rates)
-    return live_data_path()(trace, [sim_profile(profile, cold_start_s)], made, config, None).run()
+    return live_data_path()(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
 
 
 def tick_phase(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> float | None:
@@ -249,6 +290,18 @@ def tick_phase(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) 
                         sum(math.cos(2 * math.pi * p) for p in phases)) / (2 * math.pi)
     offset = statistics.median((p - centre + 0.5) % 1.0 - 0.5 for p in phases)
     return (centre + offset) % 1.0
+
+
+def live_overhead_s(folder: Path) -> float | None:
+    """batch_overhead_s of a live report folder's requests (its requests.csv), on the profile's
+    batches; for a run that one replica served from start to end."""
+    from autoscaler.simulator import batch_seconds
+
+    made = sim_profile(PROFILE, 0.0)
+    with (folder / "requests.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "200"]
+    return batch_overhead_s([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
+                            batch_seconds(made.latency_ms, made.max_batch))
 
 
 def live_tick_phase(folder: Path) -> float | None:
@@ -281,6 +334,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
     """The commands a reader runs to repeat the comparison (one live run per policy)."""
     lines = [f"python -m loadtests.bench.simlive --policies {','.join(args.policies)} --minutes {args.minutes:g} "
              f"--start-minute {args.start_minute:g} --compress {args.compress:g} --out {out}"
+             + (f" --overhead-ms {args.overhead_ms:g}" if args.overhead_ms != SERVING_OVERHEAD_S * 1000.0 else "")
              + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
@@ -291,7 +345,8 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
         lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
                      f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
                      f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), tick {TICK_S:g} s "
-                     f"at the live tick's phase, hold timeout {HOLD_TIMEOUT_S:g} s, "
+                     f"at the live tick's phase, each batch {args.overhead_ms:g} ms over the profile (the "
+                     f"serving stack's, measured), hold timeout {HOLD_TIMEOUT_S:g} s, "
                      f"start cold, no warm-up, the cold start measured live (median)")
     return lines
 
@@ -312,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default loadtests/reports/simlive-TIME)")
     p.add_argument("--sim-only", action="store_true",
                    help="reuse the live reports already in --out (OUT/live-POLICY), run only the simulator")
+    p.add_argument("--overhead-ms", type=float, default=SERVING_OVERHEAD_S * 1000.0,
+                   help="each batch's time beyond the profile in the simulator (default "
+                        f"{SERVING_OVERHEAD_S * 1000.0:g}, measured; 0: the profile's time alone)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     return p
 
@@ -324,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown or not args.policies:
         print(f"simlive: --policies {unknown or '(none)'}: allowed {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.overhead_ms) and args.overhead_ms >= 0):
+        print(f"simlive: --overhead-ms ({args.overhead_ms:g}) must be a finite number >= 0", file=sys.stderr)
         return 2
     out = (args.out or ROOT / "loadtests" / "reports" / f"simlive-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
@@ -344,12 +405,18 @@ def main(argv: list[str] | None = None) -> int:
             if live["cold_start_s"] is None:
                 raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
             phase = live_tick_phase(folder)
-            sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0)
-            results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase}
+            sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0,
+                          overhead_s=args.overhead_ms / 1000.0)
+            measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
+            results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
+                               "overhead_ms": args.overhead_ms,
+                               "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3)}
             print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
                   f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
                   f"(cold start {live['cold_start_s']:.3f} s measured; live tick at "
-                  f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a second)", flush=True)
+                  f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a second; each batch "
+                  f"{args.overhead_ms:g} ms over the profile"
+                  f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'})", flush=True)
     except (ValueError, OSError, LoadTestError) as exc:
         print(f"simlive: {exc}", file=sys.stderr)
         return 2

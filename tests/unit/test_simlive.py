@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadtests.bench.simlive import Tolerance, compare, csv_text, live_numbers, tick_phase, window_times
+from autoscaler.simulator import batch_seconds
+from loadtests.bench.simlive import (PROFILE, Tolerance, batch_overhead_s, compare, csv_text, live_numbers, sim_profile,
+                                     tick_phase, window_times)
 from loadtests.scenarios import make_schedule
 
 WINDOW_CASES = [
@@ -140,3 +142,89 @@ def test_the_simulator_sees_the_arrivals_at_the_live_tick_phase(tmp_path, monkey
     record = simlive.sim_run("ray", window, 2.0, phase=0.75)
     assert record["served"] == 3
     assert sorted(seen) == pytest.approx([0.25, 1.15, 2.75])
+
+
+SECONDS = batch_seconds(((1, 40.0), (8, 120.0)), 8)  # the emulated code profile's batches, by rows
+
+
+def _batch(answered, rows, sent, stagger=0.0):
+    """`rows` requests sent at `sent`, answered from `answered` on, `stagger` apart (as a
+    gateway sends a batch's answers back one after another)."""
+    return [(sent, answered + k * stagger - sent) for k in range(rows)]
+
+
+OVERHEAD_CASES = [
+    # id, requests as (sent, latency), expected overhead (s) or None
+    # the docstring's: batches of 8 answered at 1.000, 1.1207 and 1.2414 s, all sent before 0.9 s:
+    # 120.7 - 120 ms each
+    ("back-to-back", _batch(1.0, 8, 0.85) + _batch(1.1207, 8, 0.86) + _batch(1.2414, 8, 0.87), 0.0007),
+    # answers 0.2 ms apart are one batch, timed by its first: 3 rows = 62.86 ms, + 0.5 ms
+    ("staggered", _batch(1.0, 2, 0.9, 0.0002) + _batch(1.0 + SECONDS[2] + 0.0005, 3, 0.95, 0.0002), 0.0005),
+    # the second batch's request came after the first was answered: the replica was idle, and
+    # 50 ms between the answers is not a batch's latency
+    ("idle-between", _batch(1.0, 1, 0.95) + _batch(1.0907, 1, 1.05), None),
+    # sent 1 ms before the answer, within the 2 ms path: it may have reached the replica after it
+    # freed, so it is left out
+    ("inside-the-path", _batch(1.0, 1, 0.95) + _batch(1.0412, 1, 0.999), None),
+    # the median of 0.3, 0.7 and 0.9 ms
+    ("median", _batch(1.0, 1, 0.9) + _batch(1.0403, 1, 0.91) + _batch(1.0810, 1, 0.92) + _batch(1.1219, 1, 0.93),
+     0.0007),
+    ("one-batch", _batch(1.0, 8, 0.9), None),
+]
+
+
+@pytest.mark.parametrize("requests,expected", [c[1:] for c in OVERHEAD_CASES], ids=[c[0] for c in OVERHEAD_CASES])
+def test_batch_overhead(requests, expected):
+    sent, latency = [r[0] for r in requests], [r[1] for r in requests]
+    got = batch_overhead_s(sent, latency, SECONDS)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_batch_overhead_refuses_unpaired_lists():
+    with pytest.raises(ValueError, match="2 sends and 1 latencies"):
+        batch_overhead_s([0.0, 0.1], [0.04], SECONDS)
+
+
+def test_the_simulated_profile_carries_the_overhead():
+    assert sim_profile(PROFILE, 2.0).latency_ms == ((1, 40.0), (8, 120.0))
+    (b1, ms1), (b8, ms8) = sim_profile(PROFILE, 2.0, 0.0007).latency_ms
+    assert (b1, b8) == (1, 8) and (ms1, ms8) == pytest.approx((40.7, 120.7))
+    with pytest.raises(ValueError, match="overhead_s"):
+        sim_profile(PROFILE, 2.0, -0.001)
+
+
+def test_the_overhead_measured_from_a_simulated_run_is_the_one_it_ran_with(tmp_path, monkeypatch):
+    """Forty requests held through a 2 s cold start run as five batches of 8 back to back, each
+    0.7 ms over the profile's 120 ms: the answers' spacing gives 0.7 ms back, and without the
+    overhead 0."""
+    from loadtests.bench import simlive
+
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text([0.001 * k for k in range(40)]))
+    window = simlive.Window(path, 10.0, 40, "test", 1.0, 1.0)
+    data_path = simlive.live_data_path()
+    for overhead in (0.0007, 0.0):
+        answers = []
+
+        class Watch(data_path):
+            def _serve_batches(self, a, f, slots, offset, stretch):
+                out = super()._serve_batches(a, f, slots, offset, stretch)
+                answers.extend(zip(a.tolist(), out[1].tolist()))
+                return out
+
+        monkeypatch.setattr(simlive, "live_data_path", lambda W=Watch: W)
+        record = simlive.sim_run("ray", window, 2.0, overhead_s=overhead)
+        assert record["served"] == 40 and len(answers) == 40
+        got = batch_overhead_s([a for a, _ in answers], [lat for _, lat in answers], SECONDS)
+        assert got == pytest.approx(overhead, abs=1e-9)
+
+
+@pytest.mark.parametrize("value", ["-0.5", "nan"])
+def test_a_bad_overhead_is_refused_before_any_run(value, capsys):
+    from loadtests.bench import simlive
+
+    assert simlive.main(["--overhead-ms", value, "--sim-only"]) == 2
+    assert "--overhead-ms" in capsys.readouterr().err
