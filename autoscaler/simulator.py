@@ -470,6 +470,9 @@ class Simulation:
         self.slot_replica: dict[int, str] = {}
         self.n_srv = np.zeros(n, np.int64)
         self.held: dict[int, list[float]] = {}
+        # per function, requests at its replicas whose batch did not start by the end of their tick
+        # (the exact batcher): (arrival as the replicas see it, the hop in it, sent), run next tick
+        self._queued: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         # batch latencies as the controller learns them (loop.Memory): none until its replicas ran
@@ -567,7 +570,7 @@ class Simulation:
             self._wake(t1)
             a, f = self._hold_cold(a, f, t0)
             self._count_cold_starts(a, f)
-            self._serve(a, f, t0, t1)
+            self._serve(a, f, t0, t1, t1 if k < ticks - 1 else math.inf)  # the last tick runs all it has
             self._expire_held(t1)
             if self.policy.reactive:
                 self._decide_all(t1)
@@ -588,7 +591,7 @@ class Simulation:
         self.reasons = {}
         self.takebacks, self.held_short, self.held_short_by_rank = {}, {}, {}
         self.time_shared = 0
-        self.requests = sum(len(v) for v in self.held.values())
+        self.requests = sum(len(v) for v in self.held.values()) + sum(len(q[0]) for q in self._queued.values())
 
     def record(self, wall_s: float) -> dict:
         total = max(1, self.requests)
@@ -683,26 +686,32 @@ class Simulation:
 
     # ------------------------------------------------------------------ serving
 
-    def _serve(self, a: np.ndarray, f: np.ndarray, t0: float, t1: float) -> None:
-        """The tick's requests served (their outcomes counted now), then what the controller's
-        look at t1 reads of them and of those before (_observe): the requests answered by t1."""
+    def _serve(self, a: np.ndarray, f: np.ndarray, t0: float, t1: float, until: float = math.inf) -> None:
+        """The tick's requests served (their outcomes counted now; by the exact batcher, those
+        whose batch would start at or after `until` wait for the next tick), then what the
+        controller's look at t1 reads of them and of those before (_observe): the requests
+        answered by t1."""
         stretch = self._stretch(t0) if self._shared_on is not None else None
         self.tick_n[:] = 0.0
         self.tick_busy[:] = 0.0
         self.tick_scraped[:] = True
         self.tick_refused[:] = 0.0
-        if len(a):
-            self._serve_arrivals(a, f, t0, stretch)
+        if len(a) or self._queued:
+            self._serve_arrivals(a, f, t0, stretch, until)
         self._observe(t0, t1)
 
-    def _serve_arrivals(self, a: np.ndarray, f: np.ndarray, t0: float, stretch: np.ndarray | None) -> None:
+    def _serve_arrivals(self, a: np.ndarray, f: np.ndarray, t0: float, stretch: np.ndarray | None,
+                        until: float = math.inf) -> None:
         dt = self.config.tick_s
         first_ready = self._first_ready(t0)
         hop = self._hops()
-        if hop is not None:
-            a = a + hop[f]  # the replicas see them a hop later; their latency still counts from arrival
+        hop_of = hop[f] if hop is not None else np.zeros(len(a))
+        a = a + hop_of  # the replicas see them a hop later; their latency still counts from arrival
+        # in flight from when the gateway sends it on (the activator's hop counts: it reports the
+        # requests it proxies); a request held for a cold start is in flight once a replica is ready
+        sent = a - hop_of if first_ready is None else np.maximum(a - hop_of, first_ready[f])
         order = np.argsort(f, kind="stable")
-        a, f = a[order], f[order]
+        a, f, hop_of, sent = a[order], f[order], hop_of[order], sent[order]
         n_f = np.bincount(f, minlength=len(self.profiles))
         first = np.cumsum(n_f) - n_f
         srv = self.servers
@@ -711,13 +720,18 @@ class Simulation:
         offset = np.searchsorted(srv.fid[slots], np.arange(len(self.profiles)))
         service, latency_extra = self._service_times(n_f, slots, t0, dt, stretch)
         parts, came = [], []  # each path's answers, in the order of its requests' arrivals (came)
+        hops, sents = [], []  # and each one's hop and when it was sent
         n_rest = n_f
         if self.config.batcher == "exact":  # batching functions by shoal up's batcher, the rest below
             batching = self._batching[f]
-            if batching.any():
-                parts.append(self._serve_batches(a[batching], f[batching], slots, offset, stretch))
-                came.append(a[batching])
-                a, f = a[~batching], f[~batching]
+            if batching.any() or self._queued:
+                *answers, ran_a, ran_hop, ran_sent = self._serve_batches(
+                    a[batching], f[batching], hop_of[batching], sent[batching], slots, offset, stretch, until)
+                parts.append(tuple(answers))
+                came.append(ran_a)
+                hops.append(ran_hop)
+                sents.append(ran_sent)
+                a, f, hop_of, sent = a[~batching], f[~batching], hop_of[~batching], sent[~batching]
                 n_rest = np.bincount(f, minlength=len(self.profiles))
                 first = np.cumsum(n_rest) - n_rest
         # the interleaved solution is exact when the servers' free times (none earlier than the
@@ -732,19 +746,18 @@ class Simulation:
             mask = uneven[f]
             parts.append(self._serve_one_by_one(a[mask], f[mask], slots, offset, service, latency_extra))
             came.append(a[mask])
-            a, f = a[~mask], f[~mask]
+            hops.append(hop_of[mask])
+            sents.append(sent[mask])
+            a, f, hop_of, sent = a[~mask], f[~mask], hop_of[~mask], sent[~mask]
         if len(a):
             parts.append(self._serve_interleaved(a, f, t0, slots, offset, service, latency_extra))
             came.append(a)
+            hops.append(hop_of)
+            sents.append(sent)
         f, latency, s, rows = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
-        came = np.concatenate(came) if len(came) > 1 else came[0]
+        came, hop_of, sent = (np.concatenate(x) if len(x) > 1 else x[0] for x in (came, hops, sents))
         end = came + latency  # answered at (a hop included)
-        if hop is not None:
-            latency = latency + hop[f]
-            came = came - hop[f]
-        # in flight from when the gateway sends it on (the activator's hop counts: it reports the
-        # requests it proxies); a request held for a cold start is in flight once a replica is ready
-        sent = came if first_ready is None else np.maximum(came, first_ready[f])
+        latency = latency + hop_of
         self._account(f, latency, s, n_f)
         self._answering = [np.concatenate(x) for x in zip(self._answering,
                                                           (end, f, latency, s, rows, np.zeros(len(end), bool), sent))]
@@ -847,28 +860,53 @@ class Simulation:
                 srv.free[slot] = free
         return f, latency, occupied, rows
 
-    def _serve_batches(self, a, f, slots, offset, stretch):
+    def _serve_batches(self, a, f, hop_of, sent, slots, offset, stretch, until=math.inf):
         """Batching functions' requests as shoal up's batcher serves them (SimConfig.batcher
         "exact"): serve_batched per function, on its replicas as they are (a replica still starting
         frees at its ready time), each at its speed on its slice. Live, the gateway sends each
         request to the replica with the fewest outstanding, where it queues; the simulator keeps one
-        queue per function, served by the replica that frees first: with one replica the same."""
+        queue per function, served by the replica that frees first: with one replica the same. A
+        batch that would start at or after `until` (the tick's end) waits with the rest of the
+        queue (_queued) for the next tick's call, as a replica that frees then runs what is queued
+        by then, the next tick's requests too; e.g. one replica busy until 1.05 s, 2 requests
+        queued from 0.9 s and 3 more by 1.05 s: one batch of 5 at 1.05 s, not 2 and then 3. A
+        function whose replicas are all gone by then holds them at the gateway (held). Returns
+        (function, latency from the replicas' arrival, occupancy, rows, that arrival, hop, sent)
+        of the requests run, the queue's first."""
         srv = self.servers
-        latency, occupied, rows = np.empty(len(a)), np.empty(len(a)), np.empty(len(a))
-        bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True])
+        spans: dict[int, tuple[int, int]] = {}
+        bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True]) if len(f) else np.zeros(1, np.int64)
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            fid = int(f[lo])
+            spans[int(f[lo])] = (lo, hi)
+        out = []
+        for fid in sorted(spans.keys() | self._queued.keys()):
+            lo, hi = spans.get(fid, (0, 0))
+            mine_a, mine_hop, mine_sent = a[lo:hi], hop_of[lo:hi], sent[lo:hi]
+            if fid in self._queued:
+                qa, qhop, qsent = self._queued.pop(fid)
+                mine_a, mine_hop, mine_sent = (np.concatenate(x) for x in ((qa, mine_a), (qhop, mine_hop),
+                                                                          (qsent, mine_sent)))
+            if self.n_srv[fid] == 0:  # its replicas went with requests queued: back to the gateway
+                self.held[fid] = sorted(self.held.get(fid, []) + (mine_a - mine_hop).tolist())
+                continue
             mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
             speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
             by_rows = batch_seconds(self.profiles[fid].latency_ms, int(self.max_batch[fid]))
-            sizes, ends, busy, frees = serve_batched(a[lo:hi].tolist(), srv.free[mine].tolist(), speed.tolist(),
-                                                     by_rows)
+            sizes, ends, busy, frees = serve_batched(mine_a.tolist(), srv.free[mine].tolist(), speed.tolist(),
+                                                     by_rows, until)
             srv.free[mine] = frees
+            ran = sum(sizes)
+            if ran < len(mine_a):
+                self._queued[fid] = (mine_a[ran:], mine_hop[ran:], mine_sent[ran:])
+            if not ran:
+                continue
             size = np.array(sizes, float)
-            latency[lo:hi] = np.repeat(ends, sizes) - a[lo:hi]
-            occupied[lo:hi] = np.repeat(np.array(busy) / size, sizes)  # a request's share of its batch
-            rows[lo:hi] = np.repeat(size, sizes)
-        return f, latency, occupied, rows
+            out.append((np.full(ran, fid, np.int64), np.repeat(ends, sizes) - mine_a[:ran],
+                        np.repeat(np.array(busy) / size, sizes),  # a request's share of its batch
+                        np.repeat(size, sizes), mine_a[:ran], mine_hop[:ran], mine_sent[:ran]))
+        if not out:
+            return tuple(np.zeros(0, np.int64) if k == 0 else np.zeros(0) for k in range(7))
+        return tuple(np.concatenate(x) for x in zip(*out))
 
     def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float, float]] | None:
         """(occupancy, rest of the batch, rows) for a request with 0, 1, ... requests ahead of
@@ -984,6 +1022,9 @@ class Simulation:
         self.seen_p95[:] = np.nan
         self.seen_over[:] = 0.0
         self.seen_inflight[:] = 0.0
+        for fid, (qa, qhop, qsent) in self._queued.items():  # queued at a replica, their batch not begun
+            until = np.minimum(qa - qhop + limit, t1)  # a 504 at the timeout ends it
+            self.seen_inflight[fid] += float(np.maximum(until - np.maximum(qsent, t0), 0.0).sum())
         if not len(end):
             return
         # one slower than the timeout is answered (504) at it, its latency the timeout, and read
@@ -991,7 +1032,7 @@ class Simulation:
         late = latency > limit
         answered = np.where(late, end - latency + limit, end) if late.any() else end
         inside = np.minimum(answered, t1) - np.maximum(sent, t0)
-        self.seen_inflight[:] = np.bincount(f, weights=np.maximum(inside, 0.0), minlength=n)
+        self.seen_inflight += np.bincount(f, weights=np.maximum(inside, 0.0), minlength=n)
         run = share * rows  # the seconds of its batch, which ended when it was answered
         start = np.maximum(end - run, end - latency)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -1468,8 +1509,8 @@ def batch_seconds(latency_ms: tuple[tuple[int, float], ...], top: int) -> tuple[
     return tuple(np.interp(np.arange(1, top + 1, dtype=float), sizes, secs).tolist())
 
 
-def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: Sequence[float]
-                  ) -> tuple[list[int], list[float], list[float], list[float]]:
+def serve_batched(times: list[float], frees: list[float], speeds: list[float], seconds: Sequence[float],
+                  until: float = math.inf) -> tuple[list[int], list[float], list[float], list[float]]:
     """shoal up's batcher with no queue delay (serving/batch_loop.py), exactly: requests at `times`
     (ascending) queue in one FIFO; the replica that frees first (free at `frees`, running
     `speeds` times the reference) runs what is queued then, up to len(`seconds`) rows, a batch of
@@ -1478,8 +1519,10 @@ def serve_batched(times: list[float], frees: list[float], speeds: list[float], s
     rows, its end and its seconds, and each replica's free time after. E.g. one replica free at 0,
     batches (1, 40 ms) and (8, 120 ms), arrivals at 0, 10, 20 and 30 ms: the first runs alone,
     done at 40 ms; the three queued by then run as one batch of 3, 40 + 2/7 x 80 = 62.9 ms, done
-    at 102.9 ms. Pure: the simulator's replicas (Simulation._serve_batches) and the oracle's count
-    (_fewest_replicas) both run it."""
+    at 102.9 ms. A batch that would start at or after `until` is not run: its requests and those
+    after it (from sum(rows) on) are left to the caller, to run with what comes later (a batch
+    that starts then takes requests that come by then). Pure: the simulator's replicas
+    (Simulation._serve_batches) and the oracle's count (_fewest_replicas) both run it."""
     heap = [(free, k) for k, free in enumerate(frees)]
     heapq.heapify(heap)
     top, m, i = len(seconds), len(times), 0
@@ -1489,6 +1532,8 @@ def serve_batched(times: list[float], frees: list[float], speeds: list[float], s
     while i < m:
         free, k = heap[0]
         t = free if free > times[i] else times[i]
+        if t >= until:
+            break
         j = bisect.bisect_right(times, t, i, i + top if i + top < m else m)  # queued at t, up to top rows
         took = seconds[j - i - 1] * speeds[k]
         heapq.heapreplace(heap, (t + took, k))

@@ -250,46 +250,52 @@ def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[f
 
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
-            phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S) -> dict[str, Any]:
+            phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
-    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick at the
-    live run's phase (`phase`, of a tick, after each second of the load: tick_phase), nothing
-    left out as warm-up, on shoal up's data path (LiveDataPath) with shoal up's batcher (SimConfig
-    batcher "exact"). The phase moves the arrivals, not the ticks: the simulator ticks at whole
-    multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85: live ticks
-    at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals 0.15 s
-    later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch takes
-    `overhead_s` more than the profile says (sim_profile)."""
+    80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
+    live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
+    nothing left out as warm-up, on shoal up's data path (LiveDataPath) with shoal up's batcher
+    (SimConfig batcher "exact"). The phase moves the arrivals, not the ticks: the simulator ticks
+    at whole multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85:
+    live ticks at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals
+    0.15 s later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch
+    takes `overhead_s` more than the profile says (sim_profile)."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
     made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
-    config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=TICK_S, timeout_s=HOLD_TIMEOUT_S,
+    config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=tick_s, timeout_s=HOLD_TIMEOUT_S,
                        warmup_s=0.0, batcher="exact")
     trace = read_window(window)
-    late = ((1.0 - phase) % 1.0) * TICK_S
+    late = ((1.0 - phase) % 1.0) * tick_s
     if late:
         trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
                       {**trace.params, "late_s": late}, trace.rates)
     return live_data_path()(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
 
 
-def tick_phase(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> float | None:
-    """Where in each tick of the load the live controller looked, as a share of a tick after
-    t0 (the load's start): the circular median of its scale events' (seconds since t0 mod tick) / tick,
-    of those that changed a count already above zero (a function with replicas is looked at on
-    the controller's ticks; one at zero also when a request comes). None without one. E.g. scale
-    events at t0 + 2.83, 64.88 and 142.93 s: 0.88."""
-    phases = [((e["at"] - t0) % tick_s) / tick_s for e in events
-              if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0]
-    if not phases:
+def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> tuple[float, float] | None:
+    """When the live controller looked: (phase, interval). Its ticks come every `interval`
+    seconds (shoal up's loop waits `tick_s` from when the last one began, so each comes a little
+    later: about half a millisecond here), the first at `phase` of an interval after t0 (the load's
+    start). From its scale events that changed a count already above zero (a function with
+    replicas is looked at on the controller's ticks; one at zero also when a request comes): each
+    event's tick counted from the first (whole ticks apart), and a least-squares line through
+    their times. One tick seen: the interval is `tick_s`. None without one. E.g. scale events at
+    t0 + 2.83, 64.861 and 142.9 s: ticks 0, 62 and 140, 1.0005 s apart, the first at 2.83 s:
+    phase (2.83 - 2 x 1.0005) / 1.0005 = 0.8286."""
+    times = sorted(e["at"] - t0 for e in events
+                   if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0)
+    if not times:
         return None
-    # a phase wraps at 1 (0.97 and 0.03 are 0.06 apart): the median of each one's offset from
-    # the circular mean, added to it
-    centre = math.atan2(sum(math.sin(2 * math.pi * p) for p in phases),
-                        sum(math.cos(2 * math.pi * p) for p in phases)) / (2 * math.pi)
-    offset = statistics.median((p - centre + 0.5) % 1.0 - 0.5 for p in phases)
-    return (centre + offset) % 1.0
+    ticks = [round((t - times[0]) / tick_s) for t in times]
+    interval, start = tick_s, statistics.fmean(times)  # one tick seen (maybe twice): where it fell
+    if ticks[-1] > 0:
+        mean_k, mean_t = statistics.fmean(ticks), statistics.fmean(times)
+        interval = (sum((k - mean_k) * (t - mean_t) for k, t in zip(ticks, times))
+                    / sum((k - mean_k) ** 2 for k in ticks))
+        start = mean_t - interval * mean_k
+    return (start % interval) / interval, interval
 
 
 def live_overhead_s(folder: Path) -> float | None:
@@ -304,12 +310,12 @@ def live_overhead_s(folder: Path) -> float | None:
                             batch_seconds(made.latency_ms, made.max_batch))
 
 
-def live_tick_phase(folder: Path) -> float | None:
-    """tick_phase of a live report folder (its events.json and the load's start, requests.t0)."""
+def live_tick_timing(folder: Path) -> tuple[float, float] | None:
+    """tick_timing of a live report folder (its events.json and the load's start, requests.t0)."""
     events, start = folder / "events.json", folder / "requests.t0"
     if not (events.exists() and start.exists()) or not start.read_text().split():
         return None
-    return tick_phase(json.loads(events.read_text()), float(start.read_text().split()[0]))
+    return tick_timing(json.loads(events.read_text()), float(start.read_text().split()[0]))
 
 
 def live_data_path():
@@ -344,9 +350,10 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
                      f"{window.duration_s:g} --from-zero")
         lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
                      f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
-                     f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), tick {TICK_S:g} s "
-                     f"at the live tick's phase, each batch {args.overhead_ms:g} ms over the profile (the "
-                     f"serving stack's, measured), hold timeout {HOLD_TIMEOUT_S:g} s, "
+                     f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), the live "
+                     f"loop's tick (its phase and interval, from its scale events; else {TICK_S:g} s), each "
+                     f"batch {args.overhead_ms:g} ms over the profile (the serving stack's, measured), "
+                     f"hold timeout {HOLD_TIMEOUT_S:g} s, "
                      f"start cold, no warm-up, the cold start measured live (median)")
     return lines
 
@@ -404,18 +411,19 @@ def main(argv: list[str] | None = None) -> int:
                 live = live_run(policy, window, folder)
             if live["cold_start_s"] is None:
                 raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
-            phase = live_tick_phase(folder)
+            timing = live_tick_timing(folder)
+            phase, tick = timing if timing is not None else (None, TICK_S)
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0,
-                          overhead_s=args.overhead_ms / 1000.0)
+                          overhead_s=args.overhead_ms / 1000.0, tick_s=tick)
             measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
-                               "overhead_ms": args.overhead_ms,
+                               "tick_s": tick, "overhead_ms": args.overhead_ms,
                                "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3)}
             print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
                   f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
                   f"(cold start {live['cold_start_s']:.3f} s measured; live tick at "
-                  f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a second; each batch "
-                  f"{args.overhead_ms:g} ms over the profile"
+                  f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a {tick * 1000:.2f} ms tick; "
+                  f"each batch {args.overhead_ms:g} ms over the profile"
                   f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'})", flush=True)
     except (ValueError, OSError, LoadTestError) as exc:
         print(f"simlive: {exc}", file=sys.stderr)

@@ -9,7 +9,7 @@ import pytest
 
 from autoscaler.simulator import batch_seconds
 from loadtests.bench.simlive import (PROFILE, Tolerance, batch_overhead_s, compare, csv_text, live_numbers, sim_profile,
-                                     tick_phase, window_times)
+                                     tick_timing, window_times)
 from loadtests.scenarios import make_schedule
 
 WINDOW_CASES = [
@@ -98,29 +98,56 @@ def _scale(at, before, after):
     return {"kind": "scale", "at": at, "data": {"from": before, "to": after}}
 
 
-PHASE_CASES = [
-    # id, events, t0, phase
-    # the docstring's: ticks at t0 + 2.83, 64.88, 142.93 -> fractions .83, .88, .93: median .88
-    ("kpa-run", [_scale(1000.009, 0, 1), _scale(1002.83, 1, 13), _scale(1064.88, 4, 2), _scale(1142.93, 1, 6)],
-     1000.0, 0.88),
-    # the raise from zero is a look at a request's arrival, not a tick: left out
+TIMING_CASES = [
+    # id, events, t0, (phase, interval) or None
+    # the docstring's: ticks 0, 62 and 140 after the first at 2.83 s, 1.0005 s apart:
+    # (2.83 - 2 x 1.0005) / 1.0005 = 0.8286; the raise from zero at 0.009 s is a look at a
+    # request's arrival, not a tick: left out
+    ("drifting", [_scale(1000.009, 0, 1), _scale(1002.83, 1, 13), _scale(1064.861, 4, 2), _scale(1142.9, 1, 6)],
+     1000.0, ((2.83 - 2 * 1.0005) / 1.0005, 1.0005)),
     ("from-zero-only", [_scale(1000.012, 0, 1)], 1000.0, None),
     # other kinds of event say nothing of the tick
     ("no-scale", [{"kind": "replica_ready", "at": 1002.5, "data": {}}], 1000.0, None),
-    # an even count: the mean of the middle two, .2 and .3
-    ("two", [_scale(10.2, 1, 2), _scale(41.3, 2, 1)], 0.0, 0.25),
-    # around the wrap: .97, .99, .01, .03 are .03 on either side of 0, not a median of .5
-    ("wraps", [_scale(5.97, 1, 2), _scale(9.99, 2, 3), _scale(20.01, 3, 2), _scale(30.03, 2, 1)], 0.0, 0.0),
+    # one tick seen: its phase, the nominal interval
+    ("one-tick", [_scale(10.2, 1, 2)], 0.0, (0.2, 1.0)),
+    # two events in one tick count once: the interval is still the nominal one
+    ("one-tick-twice", [_scale(10.2, 1, 2), _scale(10.2004, 2, 3)], 0.0, (0.2002, 1.0)),
+    # .97, .99 and .03 of a second past whole seconds are one tick 20 ms longer, not ticks that
+    # wrap around: 5.97 = 5 x 1.02 + 0.87
+    ("longer-ticks", [_scale(5.97, 1, 2), _scale(6.99, 2, 3), _scale(9.03, 3, 2)], 0.0, (0.87 / 1.02, 1.02)),
 ]
 
 
-@pytest.mark.parametrize("events,t0,phase", [c[1:] for c in PHASE_CASES], ids=[c[0] for c in PHASE_CASES])
-def test_tick_phase(events, t0, phase):
-    got = tick_phase(events, t0)
-    if phase is None:
+@pytest.mark.parametrize("events,t0,expected", [c[1:] for c in TIMING_CASES], ids=[c[0] for c in TIMING_CASES])
+def test_tick_timing(events, t0, expected):
+    got = tick_timing(events, t0)
+    if expected is None:
         assert got is None
-    else:  # as a distance around the circle of a tick
-        assert abs((got - phase + 0.5) % 1.0 - 0.5) < 1e-9
+    else:
+        assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_simulator_ticks_as_the_live_loop_did(tmp_path, monkeypatch):
+    """sim_run with a 1.02 s tick looks at 1.02, 2.04, ... s, as a live loop whose ticks came
+    20 ms late each; the arrivals move by (1 - phase) of that tick."""
+    from loadtests.bench import simlive
+
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text([0.0, 0.9, 2.5]))
+    window = simlive.Window(path, 4.0, 3, "test", 1.0, 1.0)
+    ticks, seen = [], []
+
+    class Watch(simlive.live_data_path()):
+        def _serve(self, a, f, t0, t1, until):
+            ticks.append(t1)
+            seen.extend(a.tolist())
+            return super()._serve(a, f, t0, t1, until)
+
+    monkeypatch.setattr(simlive, "live_data_path", lambda: Watch)
+    record = simlive.sim_run("ray", window, 2.0, phase=0.5, tick_s=1.02)
+    assert record["served"] == 3
+    assert ticks[:3] == pytest.approx([1.02, 2.04, 3.06])
+    assert sorted(seen) == pytest.approx([0.51, 1.41, 3.01])
 
 
 def test_the_simulator_sees_the_arrivals_at_the_live_tick_phase(tmp_path, monkeypatch):
@@ -134,9 +161,9 @@ def test_the_simulator_sees_the_arrivals_at_the_live_tick_phase(tmp_path, monkey
     seen = []
 
     class Watch(simlive.live_data_path()):
-        def _serve(self, a, f, t0, t1):
+        def _serve(self, a, f, t0, t1, until):
             seen.extend(a.tolist())
-            return super()._serve(a, f, t0, t1)
+            return super()._serve(a, f, t0, t1, until)
 
     monkeypatch.setattr(simlive, "live_data_path", lambda: Watch)
     record = simlive.sim_run("ray", window, 2.0, phase=0.75)
@@ -210,9 +237,9 @@ def test_the_overhead_measured_from_a_simulated_run_is_the_one_it_ran_with(tmp_p
         answers = []
 
         class Watch(data_path):
-            def _serve_batches(self, a, f, slots, offset, stretch):
-                out = super()._serve_batches(a, f, slots, offset, stretch)
-                answers.extend(zip(a.tolist(), out[1].tolist()))
+            def _serve_batches(self, *args):
+                out = super()._serve_batches(*args)
+                answers.extend(zip(out[4].tolist(), out[1].tolist()))  # (arrival, latency) of those run
                 return out
 
         monkeypatch.setattr(simlive, "live_data_path", lambda W=Watch: W)

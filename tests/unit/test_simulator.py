@@ -313,7 +313,7 @@ def serve_exact(sim, times):
     srv = sim.servers
     slots = np.flatnonzero(srv.alive)
     slots = slots[np.lexsort((srv.free[slots], srv.fid[slots]))]
-    return sim._serve_batches(a, f, slots, np.array([0]), None)
+    return sim._serve_batches(a, f, np.zeros(len(a)), a, slots, np.array([0]), None)[:4]  # no hop; sent on arrival
 
 
 EXACT_CASES = [
@@ -357,6 +357,50 @@ def test_exact_batcher_leaves_each_replica_busy_until_its_last_batch_ends():
     # the next tick's request at 0.1 finds it busy until 102.86 ms: it waits and runs alone
     _, latency, _, rows = serve_exact(sim, (0.1,))
     assert latency[0] == pytest.approx(0.0028571 + 0.04, abs=1e-6) and rows.tolist() == [1]
+
+
+class Ran(Simulation):
+    """Keeps each request run by the exact batcher: (arrival, latency, rows)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran = []
+
+    def _serve_batches(self, *args):
+        out = super()._serve_batches(*args)
+        self.ran.extend(zip(out[4].tolist(), out[1].tolist(), out[3].tolist()))
+        return out
+
+
+def test_a_batch_that_starts_after_its_tick_takes_the_next_ticks_requests():
+    """The docstring's: one replica busy until 1.05 s (8 at 0.93 s, 120 ms), 2 queued from 0.95
+    and 0.96 s, 3 more at 1.01-1.03 s: one batch of 5 at 1.05 s, 40 + 4 x 80 / 7 = 85.71 ms,
+    done at 1.1357 s; split by the tick, 2 (51.43 ms, to 1.1014 s) and then 3 (62.86 ms, to
+    1.1643 s). The 2 wait in flight at the look at 1 s: 0.05 + 0.04 request-seconds beside the
+    8 running (8 x 0.07)."""
+    sim = Ran(trace_of([], duration=2.0), [CODE], static_policy({}), SimConfig(gpus=1, batcher="exact"))
+    sim._start(0, 1, 0.0)
+    zeros = np.zeros(10, np.int64)
+    sim._serve(np.array([0.93] * 8 + [0.95, 0.96]), zeros, 0.0, 1.0, 1.0)
+    assert len(sim.ran) == 8 and 0 in sim._queued
+    assert sim.seen_inflight[0] == pytest.approx(8 * 0.07 + 0.05 + 0.04)
+    sim._serve(np.array([1.01, 1.02, 1.03]), zeros[:3], 1.0, 2.0, 2.0)
+    assert not sim._queued
+    later = sorted(sim.ran)[8:]
+    assert [rows for _, _, rows in later] == [5] * 5
+    np.testing.assert_allclose([a + lat for a, lat, _ in later], 1.05 + 0.04 + 4 / 7 * 0.08, atol=1e-9)
+    assert sim.served == 13
+
+
+def test_requests_queued_at_the_run_s_end_are_answered():
+    """The last tick runs everything it has: 10 at 0.95 s of a 1 s trace, a batch of 8 then one
+    of 2 that starts after the trace's end."""
+    times = np.full(10, 0.95)
+    sim = Ran(trace_of(times, duration=1.0), [CODE], static_policy({0: {0: 1}}), SimConfig(gpus=1, batcher="exact"))
+    sim._start(0, 1, 0.0)
+    record = sim.run()
+    assert record["served"] == record["requests"] == 10 and not sim._queued
+    assert sorted(rows for _, _, rows in sim.ran) == [2, 2] + [8] * 8
 
 
 def test_a_run_with_the_exact_batcher_serves_every_request_once():
