@@ -473,6 +473,9 @@ class Simulation:
         # per function, requests at its replicas whose batch did not start by the end of their tick
         # (the exact batcher): (arrival as the replicas see it, the hop in it, sent), run next tick
         self._queued: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per function, its last replica, removed with requests queued: (free at, speed, slice); it
+        # finishes them (_serve_batches), as a removed replica finishes what it has
+        self._draining: dict[int, tuple[float, float, float]] = {}
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         # batch latencies as the controller learns them (loop.Memory): none until its replicas ran
@@ -582,8 +585,9 @@ class Simulation:
         return self.record(_time.perf_counter() - started)
 
     def _reset_counts(self) -> None:
-        """The end of the warm-up: what came before is not counted (requests held across
-        the boundary are, since they are counted when they are answered or time out)."""
+        """The end of the warm-up: what came before is not counted (requests held or queued
+        for a batch across the boundary are, since they are counted when they are answered or
+        time out)."""
         self.hist[:] = 0
         self.served = self.within_slo = self.timed_out = self.cold_requests = self.starts = self.unplaceable = 0
         self.cold_starts = 0
@@ -869,8 +873,9 @@ class Simulation:
         batch that would start at or after `until` (the tick's end) waits with the rest of the
         queue (_queued) for the next tick's call, as a replica that frees then runs what is queued
         by then, the next tick's requests too; e.g. one replica busy until 1.05 s, 2 requests
-        queued from 0.9 s and 3 more by 1.05 s: one batch of 5 at 1.05 s, not 2 and then 3. A
-        function whose replicas are all gone by then holds them at the gateway (held). Returns
+        queued from 0.95 s and 3 more by 1.05 s: one batch of 5 at 1.05 s, not 2 and then 3. A
+        function's last replica removed with requests queued runs them before it goes (_remove,
+        _draining), as live drains a replica. Returns
         (function, latency from the replicas' arrival, occupancy, rows, that arrival, hop, sent)
         of the requests run, the queue's first."""
         srv = self.servers
@@ -882,31 +887,47 @@ class Simulation:
         for fid in sorted(spans.keys() | self._queued.keys()):
             lo, hi = spans.get(fid, (0, 0))
             mine_a, mine_hop, mine_sent = a[lo:hi], hop_of[lo:hi], sent[lo:hi]
+            by_rows = batch_seconds(self.profiles[fid].latency_ms, int(self.max_batch[fid]))
             if fid in self._queued:
                 qa, qhop, qsent = self._queued.pop(fid)
-                mine_a, mine_hop, mine_sent = (np.concatenate(x) for x in ((qa, mine_a), (qhop, mine_hop),
-                                                                          (qsent, mine_sent)))
-            if self.n_srv[fid] == 0:  # its replicas went with requests queued: back to the gateway
+                if fid in self._draining:  # its last replica went: it runs them, all, before it is gone
+                    free, speed, share = self._draining.pop(fid)
+                    sizes, ends, busy, frees = serve_batched(qa.tolist(), [free], [speed], by_rows)
+                    self.slice_seconds += (frees[0] - free) * share
+                    out.append(self._ran(fid, qa, qhop, qsent, sizes, ends, busy))
+                else:
+                    mine_a, mine_hop, mine_sent = (np.concatenate(x) for x in ((qa, mine_a), (qhop, mine_hop),
+                                                                              (qsent, mine_sent)))
+                    order = np.argsort(mine_a, kind="stable")  # an activator's hop may have changed since
+                    mine_a, mine_hop, mine_sent = mine_a[order], mine_hop[order], mine_sent[order]
+            if not len(mine_a):
+                continue
+            if self.n_srv[fid] == 0:  # not reached: a function at zero has its requests held (_hold_cold)
                 self.held[fid] = sorted(self.held.get(fid, []) + (mine_a - mine_hop).tolist())
                 continue
             mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
             speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
-            by_rows = batch_seconds(self.profiles[fid].latency_ms, int(self.max_batch[fid]))
             sizes, ends, busy, frees = serve_batched(mine_a.tolist(), srv.free[mine].tolist(), speed.tolist(),
                                                      by_rows, until)
             srv.free[mine] = frees
             ran = sum(sizes)
             if ran < len(mine_a):
                 self._queued[fid] = (mine_a[ran:], mine_hop[ran:], mine_sent[ran:])
-            if not ran:
-                continue
-            size = np.array(sizes, float)
-            out.append((np.full(ran, fid, np.int64), np.repeat(ends, sizes) - mine_a[:ran],
-                        np.repeat(np.array(busy) / size, sizes),  # a request's share of its batch
-                        np.repeat(size, sizes), mine_a[:ran], mine_hop[:ran], mine_sent[:ran]))
+            if ran:
+                out.append(self._ran(fid, mine_a, mine_hop, mine_sent, sizes, ends, busy))
         if not out:
             return tuple(np.zeros(0, np.int64) if k == 0 else np.zeros(0) for k in range(7))
         return tuple(np.concatenate(x) for x in zip(*out))
+
+    @staticmethod
+    def _ran(fid, a, hop_of, sent, sizes, ends, busy):
+        """_serve_batches's answers for the first sum(sizes) of a function's requests (`a`, as
+        the replicas saw them) run as serve_batched's batches of `sizes` rows."""
+        ran = sum(sizes)
+        size = np.array(sizes, float)
+        return (np.full(ran, fid, np.int64), np.repeat(ends, sizes) - a[:ran],
+                np.repeat(np.array(busy) / size, sizes),  # a request's share of its batch
+                np.repeat(size, sizes), a[:ran], hop_of[:ran], sent[:ran])
 
     def _backlog_costs(self, fid: int, s: float, extra: float) -> list[tuple[float, float, float]] | None:
         """(occupancy, rest of the batch, rows) for a request with 0, 1, ... requests ahead of
@@ -1013,7 +1034,8 @@ class Simulation:
         (serving.metrics.InFlight, read as sources.direct reads it): each request's overlap of its
         time from sent to answered with the tick; e.g. one sent at 0.5 s and answered at 2.5 s
         adds 0.5 request-seconds to the look at 1 s and 1.0 to the look at 2 s (the one of
-        0.95-1.05 s, 0.05 to the look at 1 s)."""
+        0.95-1.05 s, 0.05 to the look at 1 s); one queued for a batch that starts after the tick
+        (_queued) counts from sent to t1 (or its timeout)."""
         end, f, latency, share, rows, read, sent = self._answering
         n = len(self.profiles)
         limit = self.config.timeout_s
@@ -1284,6 +1306,8 @@ class Simulation:
         del self.slot_replica[slot]
         # a removed replica finishes what it has queued: its slice is charged until then
         self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
+        if self.n_srv[fid] == 1 and fid in self._queued:  # and those waiting for its next batch
+            self._draining[fid] = (max(float(srv.free[slot]), now), float(srv.speed[slot]), float(srv.slice[slot]))
         if srv.ready_at[slot] <= now and not self._measured[fid]:
             self._measure_cold((fid,))  # it was ready before it went
         self.cluster.release(replica)

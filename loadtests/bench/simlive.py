@@ -274,28 +274,66 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     return live_data_path()(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
 
 
-def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S) -> tuple[float, float] | None:
+def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S, min_ticks: int = 20,
+                off_s: float = 0.05, most_off: float = 0.005) -> tuple[float, float] | None:
     """When the live controller looked: (phase, interval). Its ticks come every `interval`
     seconds (shoal up's loop waits `tick_s` from when the last one began, so each comes a little
     later: about half a millisecond here), the first at `phase` of an interval after t0 (the load's
     start). From its scale events that changed a count already above zero (a function with
-    replicas is looked at on the controller's ticks; one at zero also when a request comes): each
-    event's tick counted from the first (whole ticks apart), and a least-squares line through
-    their times. One tick seen: the interval is `tick_s`. None without one. E.g. scale events at
+    replicas is looked at on the controller's ticks; one at zero also when a request comes): a
+    least-squares line through their times against their ticks (whole ticks apart, numbered
+    again on the fitted line until it settles), leaving out events more than `off_s` off it (a
+    look between ticks). Fitted only over `min_ticks` ticks or more and when within `most_off`
+    of `tick_s`; otherwise the interval is `tick_s` and the phase the circular median of the
+    events' (seconds since t0 mod tick) / tick. None without an event. E.g. scale events at
     t0 + 2.83, 64.861 and 142.9 s: ticks 0, 62 and 140, 1.0005 s apart, the first at 2.83 s:
     phase (2.83 - 2 x 1.0005) / 1.0005 = 0.8286."""
     times = sorted(e["at"] - t0 for e in events
                    if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0)
     if not times:
         return None
-    ticks = [round((t - times[0]) / tick_s) for t in times]
-    interval, start = tick_s, statistics.fmean(times)  # one tick seen (maybe twice): where it fell
-    if ticks[-1] > 0:
-        mean_k, mean_t = statistics.fmean(ticks), statistics.fmean(times)
-        interval = (sum((k - mean_k) * (t - mean_t) for k, t in zip(ticks, times))
-                    / sum((k - mean_k) ** 2 for k in ticks))
+    fitted = _tick_line(times, tick_s, off_s)
+    if fitted is not None:
+        start, interval, span = fitted
+        if span >= min_ticks and abs(interval / tick_s - 1.0) <= most_off:
+            return (start % interval) / interval, interval
+    return _circular_median([(t % tick_s) / tick_s for t in times]), tick_s
+
+
+def _tick_line(times: list[float], tick_s: float, off_s: float) -> tuple[float, float, int] | None:
+    """(time of the first kept event's tick, interval, ticks spanned) of the least-squares line
+    through `times` against their tick numbers (each counted from the one before, by the line's
+    interval, `tick_s` to begin with), dropping the event furthest off the line while one is
+    more than `off_s` off it; None with fewer than two ticks."""
+    kept, interval = list(times), tick_s
+    while True:
+        for _ in range(5):  # number again by the fitted interval until the numbers stay
+            ticks = [0]  # each from the one before: a gap's own drift stays under half a tick
+            for before, t in zip(kept, kept[1:]):
+                ticks.append(ticks[-1] + round((t - before) / interval))
+            if len(set(ticks)) < 2:
+                return None
+            mean_k, mean_t = statistics.fmean(ticks), statistics.fmean(kept)
+            slope = (sum((k - mean_k) * (t - mean_t) for k, t in zip(ticks, kept))
+                     / sum((k - mean_k) ** 2 for k in ticks))
+            settled, interval = abs(slope - interval) < 1e-12, slope
+            if settled:
+                break
         start = mean_t - interval * mean_k
-    return (start % interval) / interval, interval
+        off = [abs(t - start - interval * k) for k, t in zip(ticks, kept)]
+        worst = max(range(len(kept)), key=off.__getitem__)
+        if off[worst] <= off_s:
+            return start, interval, ticks[-1]
+        del kept[worst]
+
+
+def _circular_median(phases: list[float]) -> float:
+    """The median of phases in [0, 1) around a circle (0.97 and 0.03 are 0.06 apart): each one's
+    offset from the circular mean, their median added to it."""
+    centre = math.atan2(sum(math.sin(2 * math.pi * p) for p in phases),
+                        sum(math.cos(2 * math.pi * p) for p in phases)) / (2 * math.pi)
+    offset = statistics.median((p - centre + 0.5) % 1.0 - 0.5 for p in phases)
+    return (centre + offset) % 1.0
 
 
 def live_overhead_s(folder: Path) -> float | None:

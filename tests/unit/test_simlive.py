@@ -110,11 +110,22 @@ TIMING_CASES = [
     ("no-scale", [{"kind": "replica_ready", "at": 1002.5, "data": {}}], 1000.0, None),
     # one tick seen: its phase, the nominal interval
     ("one-tick", [_scale(10.2, 1, 2)], 0.0, (0.2, 1.0)),
-    # two events in one tick count once: the interval is still the nominal one
+    # two events in one tick: the median of their phases, the nominal interval
     ("one-tick-twice", [_scale(10.2, 1, 2), _scale(10.2004, 2, 3)], 0.0, (0.2002, 1.0)),
-    # .97, .99 and .03 of a second past whole seconds are one tick 20 ms longer, not ticks that
-    # wrap around: 5.97 = 5 x 1.02 + 0.87
-    ("longer-ticks", [_scale(5.97, 1, 2), _scale(6.99, 2, 3), _scale(9.03, 3, 2)], 0.0, (0.87 / 1.02, 1.02)),
+    # 0.6 s apart: no interval is fitted over so few ticks (it would say 0.6 s); the phases .2
+    # and .8 around the circle: their median is 0
+    ("too-few-ticks", [_scale(10.2, 1, 2), _scale(10.8, 2, 3)], 0.0, (0.0, 1.0)),
+    # .97, .99 and .03 past whole seconds over 3 ticks: too few to fit (20 ms a tick would be 2 %
+    # off the 1 s anyway); their circular median, .99
+    ("wraps", [_scale(5.97, 1, 2), _scale(6.99, 2, 3), _scale(9.03, 3, 2)], 0.0, (0.99, 1.0)),
+    # ticks 1.0005 s apart from 2.3 s; a look between ticks at 50.75 s (0.45 s off) is left out:
+    # phase (2.3 - 2 x 1.0005) / 1.0005
+    ("a-look-between-ticks", [_scale(2.3 + k * 1.0005, 2, 3) for k in (0, 30, 60, 90)] + [_scale(50.75, 3, 4)],
+     0.0, ((2.3 - 2 * 1.0005) / 1.0005, 1.0005)),
+    # 900 ticks of 1.00062 s: 0.56 s late by the last, numbered by the nominal second it would
+    # be tick 901; numbered again on the fitted line: (3.3 - 3 x 1.00062) / 1.00062
+    ("long-run", [_scale(3.3 + k * 1.00062, 2, 3) for k in (0, 300, 600, 900)], 0.0,
+     ((3.3 - 3 * 1.00062) / 1.00062, 1.00062)),
 ]
 
 
@@ -123,8 +134,9 @@ def test_tick_timing(events, t0, expected):
     got = tick_timing(events, t0)
     if expected is None:
         assert got is None
-    else:
-        assert got == pytest.approx(expected, abs=1e-6)
+    else:  # the phase as a distance around the circle of a tick
+        (phase, interval), (want_phase, want_interval) = got, expected
+        assert abs((phase - want_phase + 0.5) % 1.0 - 0.5) < 1e-6 and interval == pytest.approx(want_interval, abs=1e-9)
 
 
 def test_the_simulator_ticks_as_the_live_loop_did(tmp_path, monkeypatch):
@@ -188,7 +200,7 @@ OVERHEAD_CASES = [
     # answers 0.2 ms apart are one batch, timed by its first: 3 rows = 62.86 ms, + 0.5 ms
     ("staggered", _batch(1.0, 2, 0.9, 0.0002) + _batch(1.0 + SECONDS[2] + 0.0005, 3, 0.95, 0.0002), 0.0005),
     # the second batch's request came after the first was answered: the replica was idle, and
-    # 50 ms between the answers is not a batch's latency
+    # the 90.7 ms between the answers is not a batch's latency
     ("idle-between", _batch(1.0, 1, 0.95) + _batch(1.0907, 1, 1.05), None),
     # sent 1 ms before the answer, within the 2 ms path: it may have reached the replica after it
     # freed, so it is left out

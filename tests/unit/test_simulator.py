@@ -392,15 +392,36 @@ def test_a_batch_that_starts_after_its_tick_takes_the_next_ticks_requests():
     assert sim.served == 13
 
 
-def test_requests_queued_at_the_run_s_end_are_answered():
-    """The last tick runs everything it has: 10 at 0.95 s of a 1 s trace, a batch of 8 then one
-    of 2 that starts after the trace's end."""
-    times = np.full(10, 0.95)
-    sim = Ran(trace_of(times, duration=1.0), [CODE], static_policy({0: {0: 1}}), SimConfig(gpus=1, batcher="exact"))
+def test_requests_queued_across_ticks_and_at_the_run_s_end_are_answered():
+    """A 2 s trace: 10 at 0.95 s run as 8 (to 1.07 s), and 2 that wait for the next tick and run
+    at 1.07 s; 10 more at 1.93 s run as 8 (to 2.05 s) and 2 after the trace's end, the last tick
+    running everything it has."""
+    times = np.r_[np.full(10, 0.95), np.full(10, 1.93)]
+    sim = Ran(trace_of(times, duration=2.0), [CODE], static_policy({0: {0: 1, 1: 1}}),
+              SimConfig(gpus=1, batcher="exact"))
     sim._start(0, 1, 0.0)
     record = sim.run()
-    assert record["served"] == record["requests"] == 10 and not sim._queued
-    assert sorted(rows for _, _, rows in sim.ran) == [2, 2] + [8] * 8
+    assert record["served"] == record["requests"] == 20 and not sim._queued
+    ends = sorted((round(a + lat, 6), rows) for a, lat, rows in sim.ran)
+    assert [rows for _, rows in ends] == [8] * 8 + [2] * 2 + [8] * 8 + [2] * 2
+    assert ends[8][0] == pytest.approx(1.07 + 0.04 + 0.08 / 7) and ends[-1][0] == pytest.approx(2.05 + 0.04 + 0.08 / 7)
+
+
+def test_a_last_replica_removed_with_requests_queued_runs_them_before_it_goes():
+    """As live drains a replica: 8 run at 0.93-1.05 s, 2 wait for the next tick; the function's
+    one replica is stopped at 1 s; the next tick runs the 2 on it, 1.05-1.1014 s, and charges its
+    1/4 slice until then: (0.05 + 0.05143) x 0.25. Nothing goes back to the gateway."""
+    sim = Ran(trace_of([], duration=3.0), [CODE], static_policy({}), SimConfig(gpus=1, batcher="exact"))
+    sim._start(0, 1, 0.0)
+    sim._serve(np.array([0.93] * 8 + [0.95, 0.96]), np.zeros(10, np.int64), 0.0, 1.0, 1.0)
+    before = sim.slice_seconds
+    sim._stop(0, 1, 1.0)
+    assert sim.n_srv[0] == 0 and 0 in sim._draining
+    sim._serve(np.zeros(0), np.zeros(0, np.int64), 1.0, 2.0, 2.0)
+    assert sim.served == 10 and not sim.held and not sim._queued and not sim._draining
+    late = sorted(sim.ran)[8:]
+    np.testing.assert_allclose([a + lat for a, lat, _ in late], 1.05 + 0.04 + 0.08 / 7, atol=1e-9)
+    assert sim.slice_seconds - before == pytest.approx((0.05 + 0.04 + 0.08 / 7) * 0.25)
 
 
 def test_a_run_with_the_exact_batcher_serves_every_request_once():
