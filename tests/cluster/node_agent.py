@@ -22,7 +22,6 @@ exits when its pid file goes (down.sh) or the API server has been gone for --api
 from __future__ import annotations
 
 import argparse
-import errno
 import http.client
 import json
 import os
@@ -230,9 +229,6 @@ class PodNet:
             self.used.discard(n)
 
 
-BIND_TRIES = 60  # half a second apart: 30 s for the last cluster's agent to let go of its address
-
-
 class ApiForwarder:
     """The API server listens on 127.0.0.1 only; pods reach it at the bridge's address (a
     TCP relay, TLS passes through: the serving cert names that address)."""
@@ -241,16 +237,7 @@ class ApiForwarder:
         self.target, self.stop = target, stop
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        for attempt in range(BIND_TRIES):
-            try:
-                self.sock.bind(listen)
-                break
-            except OSError as error:
-                # the agent of the cluster before this one (the same bridge address) may still
-                # be stopping: seen once under load, "Address already in use" and no node
-                if error.errno != errno.EADDRINUSE or attempt == BIND_TRIES - 1:
-                    raise
-                time.sleep(0.5)
+        self.sock.bind(listen)
         self.sock.listen(64)
         self.sock.settimeout(1)
         threading.Thread(target=self._accept, daemon=True).start()

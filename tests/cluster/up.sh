@@ -54,8 +54,12 @@ ETCD_PORT=$(free_port); ETCD_PEER_PORT=$(free_port); API_PORT=$(free_port)
 CM_PORT=$(free_port); SCHED_PORT=$(free_port)
 POD_NET="${SHOAL_POD_NET:-}"
 if [ -z "$POD_NET" ]; then   # the first 10.N.0.0/16 (N in 200..249) no interface here uses
+    # Read once, then grep the text: under pipefail, `ip ... | grep -q` fails when grep stops at
+    # a match before ip has written all (SIGPIPE, 141), which took a cluster's net for a free one
+    # once another cluster's pods had made more than a pipe write of interfaces.
+    ADDRS="$(ip -o addr show)"
     for n in $(seq 200 249); do
-        ip -o addr show | grep -q " 10\.$n\." || { POD_NET="10.$n.0.0/16"; break; }
+        grep -q " 10\.$n\." <<<"$ADDRS" || { POD_NET="10.$n.0.0/16"; break; }
     done
 fi
 [ -n "$POD_NET" ] || fail "no free 10.N.0.0/16 for the pod network (N in 200..249)"
@@ -127,10 +131,11 @@ start() {  # start NAME CMD...: own session and process group (setsid), pid file
     setsid "$@" >"$DIR/$name.log" 2>&1 < /dev/null &
     echo $! > "$DIR/$name.pid"
 }
-wait_for() {  # wait_for WHAT CMD...: until CMD succeeds, at most TIMEOUT_S
-    local what="$1"; shift
+wait_for() {  # [WATCH=NAME] wait_for WHAT CMD...: until CMD succeeds, at most TIMEOUT_S
+    local what="$1"; shift                 # (and fail at once, with its log, if NAME exits)
     local deadline=$((SECONDS + TIMEOUT_S))
     until "$@" >/dev/null 2>&1; do
+        [ -z "${WATCH:-}" ] || alive "$WATCH"
         [ $SECONDS -lt $deadline ] || fail "$what not ready after ${TIMEOUT_S}s (logs in $DIR)"
         sleep 0.5
     done
@@ -219,7 +224,7 @@ start node-agent "$PY" "$HERE/node_agent.py" --dir "$DIR" \
     --kubeconfig "$DIR/node-agent.kubeconfig" --nodes-per-mode "$NODES_PER_MODE" \
     --pod-net "$POD_NET" --tag "$TAG" --artifacts "$ARTIFACTS" \
     --api "127.0.0.1:$API_PORT"
-wait_for "the node agent's nodes" "$PY" "$HERE/node_agent.py" --dir "$DIR" --check-ready \
+WATCH=node-agent wait_for "the node agent's nodes" "$PY" "$HERE/node_agent.py" --dir "$DIR" --check-ready \
     --kubeconfig "$DIR/kubeconfig" --nodes-per-mode "$NODES_PER_MODE"
 alive node-agent
 log "ready: KUBECONFIG=$DIR/kubeconfig (API https://127.0.0.1:$API_PORT, pods on $POD_NET)"
