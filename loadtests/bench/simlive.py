@@ -24,6 +24,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
 PROFILE = ROOT / "functions" / "examples" / "emulated_code.yaml"
@@ -45,6 +47,13 @@ HOLD_TIMEOUT_S = 30.0  # shoal up's default: how long the gateway holds a reques
 # 0.63, 0.72 and 0.70 ms, median 0.67, taken to a tenth of a millisecond (docs/simlive.md). A live
 # run whose one replica served it all measures it again and reports it beside the constant.
 SERVING_OVERHEAD_S = 0.0007
+# The request path's time beyond the replica's batch: Locust's client, the gateway and the two
+# HTTP hops, there and back. request_path_s on the six ray runs made before it was added (minutes
+# 30-40, 40-50, 50-60, 0-10, 10-20 and 20-30) gave 2.14, 1.55, 2.13, 1.67, 1.67 and 1.84 ms (each
+# the median latency of the requests alone in flight, 42.25-42.84 ms, less the simulated 40 + 0.7),
+# median 1.76, taken to a tenth of a millisecond (docs/simlive.md). Each live run measures it
+# again beside the constant.
+REQUEST_PATH_S = 0.0018
 
 
 @dataclass(frozen=True)
@@ -249,8 +258,28 @@ def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[f
     return statistics.median(extra) if extra else None
 
 
+def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) -> float | None:
+    """What a request's way there and back took beyond its replica's batch, from a load test's
+    requests (sent at `sent`, answered `latency_s` later): the median latency of the requests
+    alone in flight (sent after every earlier one was answered, answered before the next was
+    sent), minus `alone_s`, what the simulator gives one such request (a batch of one with the
+    serving stack's time: the profile's 40 ms and 0.7 ms). None without such a request. E.g.
+    three requests alone that took 42.3, 42.5 and 42.6 ms, against 40.7: 1.8 ms."""
+    if len(sent) != len(latency_s):
+        raise ValueError(f"{len(sent)} sends and {len(latency_s)} latencies")
+    requests = sorted(zip(sent, latency_s))
+    alone, answered = [], -math.inf  # the latest answer of the requests sent so far
+    for i, (at, latency) in enumerate(requests):
+        following = requests[i + 1][0] if i + 1 < len(requests) else math.inf
+        if at > answered and at + latency < following:
+            alone.append(latency)
+        answered = max(answered, at + latency)
+    return statistics.median(alone) - alone_s if alone else None
+
+
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
-            phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S) -> dict[str, Any]:
+            phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S,
+            path_s: float = REQUEST_PATH_S) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
     live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
@@ -259,7 +288,8 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     at whole multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85:
     live ticks at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals
     0.15 s later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch
-    takes `overhead_s` more than the profile says (sim_profile)."""
+    takes `overhead_s` more than the profile says (sim_profile), and each request `path_s` more
+    on its way (LiveDataPath)."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
@@ -271,7 +301,7 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     if late:
         trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
                       {**trace.params, "late_s": late}, trace.rates)
-    return live_data_path()(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
+    return live_data_path(path_s)(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
 
 
 def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S, min_ticks: int = 20,
@@ -348,6 +378,18 @@ def live_overhead_s(folder: Path) -> float | None:
                             batch_seconds(made.latency_ms, made.max_batch))
 
 
+def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S) -> float | None:
+    """request_path_s of a live report folder's requests (its requests.csv), against the
+    profile's batch of one plus `overhead_s`."""
+    from autoscaler.simulator import batch_seconds
+
+    made = sim_profile(PROFILE, 0.0)
+    with (folder / "requests.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "200"]
+    return request_path_s([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
+                          batch_seconds(made.latency_ms, made.max_batch)[0] + overhead_s)
+
+
 def live_tick_timing(folder: Path) -> tuple[float, float] | None:
     """tick_timing of a live report folder (its events.json and the load's start, requests.t0)."""
     events, start = folder / "events.json", folder / "requests.t0"
@@ -356,17 +398,22 @@ def live_tick_timing(folder: Path) -> tuple[float, float] | None:
     return tick_timing(json.loads(events.read_text()), float(start.read_text().split()[0]))
 
 
-def live_data_path():
+def live_data_path(path_s: float = REQUEST_PATH_S):
     """The simulator on `shoal up`'s request path, whichever policy decides: `shoal up --policy
     kpa|ray` runs the baselines' policies (autoscaler.policies), not their data planes, so no
     activator hop (Knative's) and no `max_ongoing_requests` cap at a router (Ray Serve's): the
     gateway holds requests only while no replica is ready, and each replica batches what it has
-    queued, up to the function's max batch (sim_run's SimConfig batcher "exact")."""
+    queued, up to the function's max batch (sim_run's SimConfig batcher "exact"). Each request
+    spends `path_s` on its way (REQUEST_PATH_S), as the simulator's one hop before its replica:
+    counted in its latency, not in any replica's time."""
     from autoscaler.simulator import Simulation
+
+    if not (math.isfinite(path_s) and path_s >= 0):
+        raise ValueError(f"path_s ({path_s}) must be a finite number >= 0")
 
     class LiveDataPath(Simulation):
         def _hops(self):
-            return None
+            return np.full(len(self.profiles), path_s) if path_s else None
 
         def _cap_batches_at_max_ongoing(self, policy) -> None:
             return None
@@ -379,6 +426,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
     lines = [f"python -m loadtests.bench.simlive --policies {','.join(args.policies)} --minutes {args.minutes:g} "
              f"--start-minute {args.start_minute:g} --compress {args.compress:g} --out {out}"
              + (f" --overhead-ms {args.overhead_ms:g}" if args.overhead_ms != SERVING_OVERHEAD_S * 1000.0 else "")
+             + (f" --path-ms {args.path_ms:g}" if args.path_ms != REQUEST_PATH_S * 1000.0 else "")
              + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
@@ -391,6 +439,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
                      f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), the live "
                      f"loop's tick (its phase and interval, from its scale events; else {TICK_S:g} s), each "
                      f"batch {args.overhead_ms:g} ms over the profile (the serving stack's, measured), "
+                     f"each request {args.path_ms:g} ms on its way (the request path's, measured), "
                      f"hold timeout {HOLD_TIMEOUT_S:g} s, "
                      f"start cold, no warm-up, the cold start measured live (median)")
     return lines
@@ -415,6 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-ms", type=float, default=SERVING_OVERHEAD_S * 1000.0,
                    help="each batch's time beyond the profile in the simulator (default "
                         f"{SERVING_OVERHEAD_S * 1000.0:g}, measured; 0: the profile's time alone)")
+    p.add_argument("--path-ms", type=float, default=REQUEST_PATH_S * 1000.0,
+                   help="each request's way there and back in the simulator, beyond its batch (default "
+                        f"{REQUEST_PATH_S * 1000.0:g}, measured; 0: none)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     return p
 
@@ -428,9 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not args.policies:
         print(f"simlive: --policies {unknown or '(none)'}: allowed {', '.join(POLICIES)}", file=sys.stderr)
         return 2
-    if not (math.isfinite(args.overhead_ms) and args.overhead_ms >= 0):
-        print(f"simlive: --overhead-ms ({args.overhead_ms:g}) must be a finite number >= 0", file=sys.stderr)
-        return 2
+    for flag, value in (("--overhead-ms", args.overhead_ms), ("--path-ms", args.path_ms)):
+        if not (math.isfinite(value) and value >= 0):
+            print(f"simlive: {flag} ({value:g}) must be a finite number >= 0", file=sys.stderr)
+            return 2
     out = (args.out or ROOT / "loadtests" / "reports" / f"simlive-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
         window = write_window(args.trace, out / "window.csv", args.minutes, args.compress, args.start_minute)
@@ -452,17 +505,22 @@ def main(argv: list[str] | None = None) -> int:
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0,
-                          overhead_s=args.overhead_ms / 1000.0, tick_s=tick)
+                          overhead_s=args.overhead_ms / 1000.0, tick_s=tick, path_s=args.path_ms / 1000.0)
             measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
+            path = live_path_s(folder, args.overhead_ms / 1000.0)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
                                "tick_s": tick, "overhead_ms": args.overhead_ms,
-                               "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3)}
+                               "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3),
+                               "path_ms": args.path_ms,
+                               "path_ms_measured": None if path is None else round(path * 1000.0, 3)}
             print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
                   f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
                   f"(cold start {live['cold_start_s']:.3f} s measured; live tick at "
                   f"{'none seen: 0 taken' if phase is None else f'{phase:.2f}'} of a {tick * 1000:.2f} ms tick; "
                   f"each batch {args.overhead_ms:g} ms over the profile"
-                  f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'})", flush=True)
+                  f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'}; "
+                  f"each request's path {args.path_ms:g} ms"
+                  f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'})", flush=True)
     except (ValueError, OSError, LoadTestError) as exc:
         print(f"simlive: {exc}", file=sys.stderr)
         return 2

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from autoscaler.simulator import batch_seconds
-from loadtests.bench.simlive import (PROFILE, Tolerance, batch_overhead_s, compare, csv_text, live_numbers, sim_profile,
-                                     tick_timing, window_times)
+from loadtests.bench.simlive import (PROFILE, Tolerance, batch_overhead_s, compare, csv_text, live_numbers,
+                                     request_path_s, sim_profile, tick_timing, window_times)
 from loadtests.scenarios import make_schedule
 
 WINDOW_CASES = [
@@ -155,7 +155,7 @@ def test_the_simulator_ticks_as_the_live_loop_did(tmp_path, monkeypatch):
             seen.extend(a.tolist())
             return super()._serve(a, f, t0, t1, until)
 
-    monkeypatch.setattr(simlive, "live_data_path", lambda: Watch)
+    monkeypatch.setattr(simlive, "live_data_path", lambda *_: Watch)
     record = simlive.sim_run("ray", window, 2.0, phase=0.5, tick_s=1.02)
     assert record["served"] == 3
     assert ticks[:3] == pytest.approx([1.02, 2.04, 3.06])
@@ -177,7 +177,7 @@ def test_the_simulator_sees_the_arrivals_at_the_live_tick_phase(tmp_path, monkey
             seen.extend(a.tolist())
             return super()._serve(a, f, t0, t1, until)
 
-    monkeypatch.setattr(simlive, "live_data_path", lambda: Watch)
+    monkeypatch.setattr(simlive, "live_data_path", lambda *_: Watch)
     record = simlive.sim_run("ray", window, 2.0, phase=0.75)
     assert record["served"] == 3
     assert sorted(seen) == pytest.approx([0.25, 1.15, 2.75])
@@ -254,16 +254,79 @@ def test_the_overhead_measured_from_a_simulated_run_is_the_one_it_ran_with(tmp_p
                 answers.extend(zip(out[4].tolist(), out[1].tolist()))  # (arrival, latency) of those run
                 return out
 
-        monkeypatch.setattr(simlive, "live_data_path", lambda W=Watch: W)
+        monkeypatch.setattr(simlive, "live_data_path", lambda *_, W=Watch: W)
         record = simlive.sim_run("ray", window, 2.0, overhead_s=overhead)
         assert record["served"] == 40 and len(answers) == 40
         got = batch_overhead_s([a for a, _ in answers], [lat for _, lat in answers], SECONDS)
         assert got == pytest.approx(overhead, abs=1e-9)
 
 
+@pytest.mark.parametrize("flag", ["--overhead-ms", "--path-ms"])
 @pytest.mark.parametrize("value", ["-0.5", "nan"])
-def test_a_bad_overhead_is_refused_before_any_run(value, capsys):
+def test_a_bad_overhead_or_path_is_refused_before_any_run(flag, value, capsys):
     from loadtests.bench import simlive
 
-    assert simlive.main(["--overhead-ms", value, "--sim-only"]) == 2
-    assert "--overhead-ms" in capsys.readouterr().err
+    assert simlive.main([flag, value, "--sim-only"]) == 2
+    assert flag in capsys.readouterr().err
+
+
+PATH_CASES = [
+    # id, requests as (sent, latency), expected path (s) or None, against 40.7 ms alone
+    # the docstring's: three alone, 42.3, 42.5 and 42.6 ms: median 42.5 - 40.7
+    ("alone", [(0.0, 0.0423), (1.0, 0.0425), (2.0, 0.0426)], 0.0018),
+    # the second is sent before the first is answered: neither is alone; the third is
+    ("overlapping", [(0.0, 0.0423), (0.02, 0.0600), (2.0, 0.0426)], 0.0019),
+    # a request sent before an earlier, longer one is answered is not alone, though the one
+    # just before it was answered: 0.0 is answered at 0.5, 0.1 at 0.1423, 0.2 comes in between
+    ("a-long-one-still-out", [(0.0, 0.5), (0.1, 0.0423), (0.2, 0.0425)], None),
+    ("none", [], None),
+]
+
+
+@pytest.mark.parametrize("requests,expected", [c[1:] for c in PATH_CASES], ids=[c[0] for c in PATH_CASES])
+def test_request_path(requests, expected):
+    got = request_path_s([t for t, _ in requests], [lat for _, lat in requests], 0.0407)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_request_path_refuses_unpaired_lists():
+    with pytest.raises(ValueError, match="1 sends and 2 latencies"):
+        request_path_s([0.0], [0.04, 0.05], 0.0407)
+
+
+def test_the_path_measured_from_a_simulated_run_is_the_one_it_ran_with(tmp_path, monkeypatch):
+    """A request at 0 s, held through a 2 s cold start, then one every half second from 5 s,
+    each alone: their latencies less the batch of one (40.7 ms) give the path the simulator ran
+    with back (1.8 ms), and without a path 0. The replica's time is not the path's: ray's one
+    replica stays busy 40.7 ms a request either way."""
+    from loadtests.bench import simlive
+
+    times = [0.0] + [5.0 + 0.5 * k for k in range(20)]
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text(times))
+    window = simlive.Window(path, 20.0, len(times), "test", 1.0, 1.0)
+    data_path = simlive.live_data_path  # the real one: monkeypatched below
+    for path_s in (0.0018, 0.0):
+        latencies, busy = [], []
+
+        class Watch(data_path(path_s)):
+            def _account(self, f, latency, s, n_f):
+                latencies.extend(latency.tolist())
+                busy.extend(s.tolist())
+                return super()._account(f, latency, s, n_f)
+
+        monkeypatch.setattr(simlive, "live_data_path", lambda *_, W=Watch: W)
+        record = simlive.sim_run("ray", window, 2.0, path_s=path_s)
+        assert record["served"] == len(times) and len(latencies) == len(times)
+        assert request_path_s(times, latencies, 0.0407) == pytest.approx(path_s, abs=1e-9)
+        assert busy[1:] == pytest.approx([0.0407] * 20)
+
+
+def test_a_bad_path_is_refused():
+    from loadtests.bench import simlive
+
+    with pytest.raises(ValueError, match="path_s"):
+        simlive.live_data_path(-0.001)
