@@ -9,7 +9,8 @@ while the next arrival is likely), becomes a loan of capacity nobody waits for. 
 (`share`): every replica ranked by what it serves (a function's floor, its need, headroom, idle),
 asks granted highest first, each taking back only lower-ranked replicas of other functions, and
 those held short said with why; what a busy replica serves is `replica_rank` over its function's
-`need_of`. The scaler (autoscaler.replicas) and the simulator act on it and rank busy replicas
+`need_of`, valued, as an idle one is, by the late requests its loss would cost through a cold
+start. The scaler (autoscaler.replicas) and the simulator act on it and rank busy replicas
 alike; the simulator also ranks further asks by need, the scaler asks them as headroom.
 Pure: stdlib and placement; no I/O, no clock.
 """
@@ -159,26 +160,33 @@ def need_of(busy_per_s: Any, max_duty: float, active: Any) -> Any:
     return n + (n < 1) * active
 
 
-def replica_rank(k: int, rate: float, need: float, slice_fraction: float) -> tuple[int, float]:
+def replica_rank(k: int, rate: float, need: float, slice_fraction: float, cold_start_s: float,
+                 slo_s: float) -> tuple[int, float]:
     """The rank and value of a function's k-th replica (1 the first) while requests come at `rate`
     a second and `need` replicas carry them (need_of): FLOOR for its first, NEED up to its need,
-    HEADROOM above; the value the requests per second it carries per slice (its share of the
-    rate: rate / need within the need, rate / k above it). IDLE, value 0, without requests (an
-    idle replica is valued by its take-back cost instead: takeback_cost). The simulator and the
-    scaler rank busy replicas by it alike.
-    // 40 rps, need 2, slice 1/4: the 2nd NEED, 40 / 2 / 0.25 = 80; the 3rd HEADROOM, 40 / 3 / 0.25 = 53.3"""
+    HEADROOM above. Its value is what losing it would cost, per slice: its share of the rate
+    (rate / need within the need, rate / k above it) through one cold start of its function, in
+    requests that miss the SLO (cold_start_misses, as an idle replica's take-back cost counts
+    them: none where the cold start is within the SLO). So of two functions' headroom, the one
+    whose replacement takes longer is kept. IDLE, value 0, without requests (an idle replica is
+    valued by its take-back cost instead: takeback_cost). The simulator and the scaler rank busy
+    replicas by it alike.
+    // 40 rps, need 2, slice 1/4, cold 2.0 s, SLO 0.5 s: the 2nd NEED, (1 + 20 x 1.5) / 0.25 = 124;
+    // the 3rd HEADROOM, (1 + 13.3 x 1.5) / 0.25 = 84; with an 8 s cold start, 10 rps: the 2nd
+    // HEADROOM (1 + 5 x 7.5) / 0.25 = 154, kept before the first function's"""
     if rate <= 0:
         return IDLE, 0.0
     rank = FLOOR if k == 1 else NEED if k <= need else HEADROOM
-    return rank, rate / max(need if k <= need else k, 1) / slice_fraction
+    share = rate / max(need if k <= need else k, 1)
+    return rank, cold_start_misses(share, cold_start_s, slo_s) / slice_fraction
 
 
 class Hold(NamedTuple):
     """A placed replica and what its slice serves: `rank` FLOOR (a function's one replica while
     requests come), NEED (within the replicas its load needs), KEPT (idle, but taking it would
     likely cost a late request), HEADROOM (above its need: the policy's headroom, reserve, spare)
-    or IDLE (idle and cheap to take); `value` orders within a rank (higher is kept first: e.g.
-    requests per second per slice it carries, or an idle one's take-back cost)."""
+    or IDLE (idle and cheap to take); `value` orders within a rank (higher is kept first: the
+    late requests its loss would cost, per slice: replica_rank, or an idle one's take-back cost)."""
 
     replica: str
     function: str
@@ -222,7 +230,7 @@ def share(cluster: SliceCluster, asks: Sequence[Ask], holds: Sequence[Hold]) -> 
     then the least value, then the fewest, then the consolidating order of
     `SliceCluster.release_order`, so whole devices go idle); one nothing can make room for is held
     short, with why. So every function with requests gets its floor before any gets a needed
-    replica, and needed replicas before headroom, each granted by value per slice. Pure."""
+    replica, and needed replicas before headroom, each granted by its value (replica_rank). Pure."""
     scratch = cluster.copy()
     pool = {h.replica: h for h in holds if h.replica in cluster}
     grants: list[Grant] = []

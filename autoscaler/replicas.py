@@ -324,8 +324,10 @@ class ReplicaScaler:
         holds = []
         for name, replicas in mine.items():
             replicas.sort(key=lambda r: (r.id in idle, r.ready_at or 0.0, r.created_at))
+            cold_s = self.cold_starts.get(name, DEFAULT_CONFIG.default_cold_start_s)
+            slo_s = replicas[0].spec.scaling.slo_p95_ms / 1000.0
             for k, r in enumerate(replicas, 1):
-                rank, value = replica_rank(k, traffic[name], need[name], float(r.placement.fraction))
+                rank, value = replica_rank(k, traffic[name], need[name], float(r.placement.fraction), cold_s, slo_s)
                 if r.id not in idle and rank in (NEED, HEADROOM):
                     holds.append(Hold(r.id, name, rank, value))
         return holds
@@ -452,7 +454,7 @@ class ReplicaScaler:
         _take. Its requests in flight finish in the drain; its function's next look sees one
         replica fewer and asks again."""
         victim = self.replicas[hold.replica]
-        return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} req/s per slice",
+        return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} late requests per slice if lost",
                           f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
                           f"slices or idle replicas alone; its first replica goes before another function's "
                           f"{RANKS[hold.rank]}",

@@ -1328,8 +1328,9 @@ class Simulation:
     def _share_out(self, now: float) -> None:
         """The replicas this tick's decisions could not place, granted by autoscaler.lending.share
         against what every placed replica serves (_holds): a function's floor first, then needed
-        replicas, then headroom, by requests per second per slice; a grant takes back lower-ranked
-        replicas of other functions (idle ones cheapest first) and is placed now. As the live
+        replicas, then headroom, each by the late requests its loss would cost per slice; a grant
+        takes back lower-ranked replicas of other functions (idle ones cheapest first) and is
+        placed now. As the live
         controller does (ReplicaScaler._start), a first replica with requests waiting takes only
         idle replicas at first; one that cannot time-shares a quiet device (_time_share) before
         it may take more. Those held short are counted per function."""
@@ -1443,9 +1444,11 @@ class Simulation:
     def _ranks(self, fids: np.ndarray, k: np.ndarray, traffic: np.ndarray, need: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         """The rank and value of the k-th replica (1 the first) of each of `fids`
-        (lending.replica_rank). A function without traffic ranks IDLE, value 0: a pre-warm fits
+        (lending.replica_rank, at the cold start the policy knows: measured once a replica of it
+        was ready). A function without traffic ranks IDLE, value 0: a pre-warm fits
         only a free slice; an idle replica's value is its take-back cost (_holds)."""
-        ranked = [replica_rank(kth, float(traffic[f]), float(need[f]), self._slice_of[f])
+        ranked = [replica_rank(kth, float(traffic[f]), float(need[f]), self._slice_of[f], self._cold[f],
+                               float(self.slo_s[f]))
                   for kth, f in zip(k.tolist(), fids.tolist())]
         ranks = np.array([r for r, _ in ranked], dtype=np.int64)
         values = np.array([v for _, v in ranked], dtype=float)

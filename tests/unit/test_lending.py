@@ -584,14 +584,18 @@ def test_need_is_busy_seconds_over_max_duty_rounded_up(busy, active, expected):
     assert need_of(np.array([busy]), 0.9, np.array([active]))[0] == expected
 
 
-@pytest.mark.parametrize("k, rate, need, rank, value", [
-    pytest.param(1, 40.0, 2, FLOOR, 40 / 2 / 0.25, id="the first: floor, 40 rps / need 2 / 1/4 slice = 80"),
-    pytest.param(2, 40.0, 2, NEED, 80.0, id="within the need: need, the same share"),
-    pytest.param(3, 40.0, 2, HEADROOM, 40 / 3 / 0.25, id="above it: headroom, 40 / 3 / 0.25 = 53.3"),
-    pytest.param(2, 0.0, 0, IDLE, 0.0, id="no requests: idle, worth 0 (priced by take-back cost instead)"),
+@pytest.mark.parametrize("k, rate, need, cold, rank, value", [
+    pytest.param(1, 40.0, 2, 2.0, FLOOR, (1 + 20 * 1.5) / 0.25,
+                 id="the first: floor, 40 rps / need 2 = 20 rps through 1.5 s past the SLO: 31 late, / 1/4 = 124"),
+    pytest.param(2, 40.0, 2, 2.0, NEED, 124.0, id="within the need: need, the same share"),
+    pytest.param(3, 40.0, 2, 2.0, HEADROOM, (1 + 40 / 3 * 1.5) / 0.25, id="above it: headroom, 40 / 3 rps: 84"),
+    pytest.param(2, 10.0, 1, 8.0, HEADROOM, (1 + 5 * 7.5) / 0.25,
+                 id="an 8 s cold start, 10 rps: headroom worth 154, kept before the 40 rps one's 84"),
+    pytest.param(3, 40.0, 2, 0.4, HEADROOM, 0.0, id="a cold start within the SLO: no late request, worth 0"),
+    pytest.param(2, 0.0, 0, 2.0, IDLE, 0.0, id="no requests: idle, worth 0 (priced by take-back cost instead)"),
 ])
-def test_a_replica_is_ranked_by_what_it_serves(k, rate, need, rank, value):
-    assert replica_rank(k, rate, need, 0.25) == (rank, pytest.approx(value))
+def test_a_replica_is_ranked_by_what_it_serves(k, rate, need, cold, rank, value):
+    assert replica_rank(k, rate, need, 0.25, cold, 0.5) == (rank, pytest.approx(value))
 
 
 def _busy(scaler, duty: dict[str, float]) -> None:
@@ -617,7 +621,9 @@ def test_a_first_replica_takes_a_busy_functions_headroom_when_nothing_is_idle():
     _apply_w(scaler, memory_mib=1024)
     (takeback,) = [(a, k) for a, k in events if a[0] == "takeback"]
     assert takeback[1]["data"]["from"] == "f0" and takeback[1]["data"]["rank"] == "headroom"
-    assert "(f7-8, headroom, 8.0 req/s per slice)" in takeback[0][1]  # 2 rps / k 2 / (1/8) = 8
+    # 2 rps / k 2 = 1 rps through the default 2 s cold start over the 500 ms SLO: 1 + 1 x 1.5 =
+    # 2.5 late requests, / (1/8) = 20 per slice
+    assert "(f7-8, headroom, 20.0 late requests per slice if lost)" in takeback[0][1]
     assert "its first replica goes before another function's headroom" in takeback[0][1]
     assert backend.stopped == ["f7-8"] and router.drained == ["f7-8"]
     assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
