@@ -5,14 +5,16 @@ replica's loss costs the chance that its function gets a request before its keep
 SLO during its cold start; the cheapest go first, ties in the placement's consolidating order
 (`SliceCluster.release_order`, the one scale-down uses), so whole devices go idle. Keep-alive, in
 the spirit of "Serverless in the Wild" (Shahrad et al., USENIX ATC 2020: a warm instance is kept
-while the next arrival is likely), becomes a loan of capacity nobody waits for. A full cluster is shared by the same arbiter
-(`share`): every replica ranked by what it serves (a function's floor, its need, headroom, idle),
-asks granted highest first, each taking back only lower-ranked replicas of other functions, and
-those held short said with why; what a busy replica serves is `replica_rank` over its function's
-`need_of`, valued, as an idle one is, by the late requests its loss would cost through a cold
-start. The scaler (autoscaler.replicas) and the simulator act on it and rank busy replicas
-alike; the simulator also ranks further asks by need, the scaler asks them as headroom.
-Pure: stdlib and placement; no I/O, no clock.
+while the next arrival is likely), becomes a loan of capacity nobody waits for. A full cluster is
+shared by the same arbiter (`share`): every replica ranked by what it serves (a function's floor,
+its need, headroom, idle), asks granted highest first, each taking back only lower-ranked
+replicas of other functions, and those held short said with why; what a busy replica serves is
+`replica_rank` over its function's `need_of`, valued by the late requests its loss would cost
+through a cold start, per slice (an idle one's take-back cost counts the same late requests,
+weighted by the chance of a request and not per slice). The scaler (autoscaler.replicas) and
+the simulator act on it and rank busy replicas alike; the simulator also ranks further asks by
+need, the scaler asks them as headroom.
+Pure: stdlib, placement and policy's cold_start_misses; no I/O, no clock.
 """
 
 from __future__ import annotations

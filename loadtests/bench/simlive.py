@@ -24,7 +24,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
@@ -232,11 +231,11 @@ def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
 
 
 def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[float, ...],
-                     together_s: float = 0.0015, path_s: float = 0.002) -> float | None:
+                     together_s: float = 0.0015, reach_s: float = 0.002) -> float | None:
     """What one replica's batches took beyond the profile, from a load test's requests (sent at
     `sent`, answered `latency_s` later), when a single replica served them all: answers within
     `together_s` of each other are one batch (timed by its first answer); a batch all of whose
-    requests were sent at least `path_s` (the way to the replica and back) before the one before
+    requests were sent at least `reach_s` (the way to the replica and back) before the one before
     it was answered was queued when the replica freed and ran back to back with it, so the time
     between the two answers is its own latency; minus the profile's for its rows (`seconds`, by
     rows, as batch_seconds gives). The median over such batches; None without one. E.g. batches
@@ -254,7 +253,7 @@ def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[f
             batches.append((end, at, 1))
     extra = [end - before - seconds[rows - 1]
              for (before, _, _), (end, last, rows) in zip(batches, batches[1:])
-             if last < before - path_s and rows <= len(seconds)]
+             if last < before - reach_s and rows <= len(seconds)]
     return statistics.median(extra) if extra else None
 
 
@@ -413,6 +412,8 @@ def live_data_path(path_s: float = REQUEST_PATH_S):
 
     class LiveDataPath(Simulation):
         def _hops(self):
+            import numpy as np
+
             return np.full(len(self.profiles), path_s) if path_s else None
 
         def _cap_batches_at_max_ongoing(self, policy) -> None:

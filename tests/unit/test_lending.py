@@ -336,6 +336,7 @@ def test_with_nothing_idle_the_waiting_requests_stay_held_for_a_later_tick():
 
 
 # ---- a full cluster shared (share): floors first, then need, then headroom, by value per slice
+# (the late requests a replica's loss would cost, per slice: replica_rank)
 
 
 def ask(replica: str, rank: int, value: float = 1.0, fraction: str = "1/8", waiting: int = 0) -> Ask:
@@ -353,9 +354,9 @@ SEVEN_FLOORS = [hold(f"f{i}-1", FLOOR) for i in range(7)]  # and one slice free
 
 @pytest.mark.parametrize("asks, holds, granted, taken, short", [
     pytest.param([ask("a-1", NEED, 400.0), ask("b-1", FLOOR, 8.0)], SEVEN_FLOORS, ["b-1"], [], [("a-1", "need")],
-                 id="one free slice: b's floor (8 rps/slice) before a's need (400 rps/slice)"),
+                 id="one free slice: b's floor (worth 8 per slice) before a's need (worth 400)"),
     pytest.param([ask("a-1", NEED, 80.0), ask("b-1", NEED, 160.0)], SEVEN_FLOORS, ["b-1"], [], [("a-1", "need")],
-                 id="one free slice, two needs: b's 160 rps per slice before a's 80"),
+                 id="one free slice, two needs: b's worth 160 per slice before a's 80"),
     pytest.param([ask("a-1", NEED, 80.0)], HOLDS, ["a-1"], ["f7-1"], [],
                  id="full: a need takes the headroom worth least (f7: 8 < f6: 40)"),
     pytest.param([ask("a-1", NEED, 80.0), ask("b-1", NEED, 160.0), ask("c-1", NEED, 1.0)], HOLDS,

@@ -4,6 +4,8 @@ window, its csv as the load test reads it, and the comparison with issue 19's to
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -330,3 +332,35 @@ def test_a_bad_path_is_refused():
 
     with pytest.raises(ValueError, match="path_s"):
         simlive.live_data_path(-0.001)
+
+
+def test_the_path_read_from_a_live_report_folder(tmp_path):
+    """live_path_s reads a report folder's requests.csv as the load test writes it (the
+    locustfile's LOG_FIELDS, read from its source here: importing locust patches the process),
+    keeps the answered (200) rows and measures against the profile's batch of one plus the
+    serving overhead (40 + 0.7 ms): three alone that took 42.3, 42.5 and 42.6 ms give 1.8 ms. A
+    503 in between, answered quickly, counts for nothing; a folder with no request alone gives
+    None."""
+    import csv
+
+    from loadtests.bench.simlive import live_path_s
+
+    fields = ("start", "scheduled", "latency_ms", "status", "function", "error", "cold_start")
+    written = "LOG_FIELDS = (" + ", ".join(f'"{name}"' for name in fields) + ")"
+    assert written in (Path(__file__).parents[2] / "loadtests" / "locustfile.py").read_text()
+
+    def folder(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        with (d / "requests.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(fields)
+            for start, ms, status in rows:
+                w.writerow({"start": f"{start:.6f}", "scheduled": "", "latency_ms": f"{ms:.3f}", "status": status,
+                            "function": "f", "error": "", "cold_start": ""}[k] for k in fields)
+        return d
+
+    alone = folder("alone", [(0.0, 42.3, "200"), (1.0, 42.5, "200"), (1.5, 1.0, "503"), (2.0, 42.6, "200")])
+    assert live_path_s(alone) == pytest.approx(0.0018, abs=1e-9)
+    overlapping = folder("overlapping", [(0.0, 500.0, "200"), (0.1, 42.3, "200"), (0.2, 42.5, "200")])
+    assert live_path_s(overlapping) is None
