@@ -593,10 +593,26 @@ def test_need_is_busy_seconds_over_max_duty_rounded_up(busy, active, expected):
     pytest.param(2, 10.0, 1, 8.0, HEADROOM, (1 + 5 * 7.5) / 0.25,
                  id="an 8 s cold start, 10 rps: headroom worth 154, kept before the 40 rps one's 84"),
     pytest.param(3, 40.0, 2, 0.4, HEADROOM, 0.0, id="a cold start within the SLO: no late request, worth 0"),
+    pytest.param(1, 40.0, 2, 0.4, FLOOR, 0.0, id="a first replica restarting within the SLO: worth 0 too"),
     pytest.param(2, 0.0, 0, 2.0, IDLE, 0.0, id="no requests: idle, worth 0 (priced by take-back cost instead)"),
 ])
 def test_a_replica_is_ranked_by_what_it_serves(k, rate, need, cold, rank, value):
     assert replica_rank(k, rate, need, 0.25, cold, 0.5) == (rank, pytest.approx(value))
+
+
+def test_a_slow_restarting_functions_headroom_is_kept_over_a_busier_ones():
+    # one device of 8 x 1/8: f0..f5 hold their floors; f6's 3rd replica is headroom of a 40 rps
+    # function restarting in 2 s ((1 + 40 / 3 x 1.5) / 1/8 = 168), f7's 2nd of a 10 rps one
+    # restarting in 8 s ((1 + 5 x 7.5) / 1/8 = 308). A waiting function's need takes f6's: the
+    # busier function's replica is lost at fewer late requests than the slower one's (by requests
+    # per slice it would be f7's: 5 x 8 = 40 against 13.3 x 8 = 107).
+    fast = replica_rank(3, 40.0, 2, 0.125, 2.0, 0.5)
+    slow = replica_rank(2, 10.0, 1, 0.125, 8.0, 0.5)
+    assert fast == (HEADROOM, pytest.approx(168.0)) and slow == (HEADROOM, pytest.approx(308.0))
+    holds = [hold(f"f{i}-1", FLOOR) for i in range(6)] + [hold("f6-3", *fast), hold("f7-2", *slow)]
+    (grant,) = share(cluster_of(*FULL[:6], ("f6-3", "emulated:0", "1/8"), ("f7-2", "emulated:0", "1/8")),
+                     [ask("a-1", NEED, 1.0)], holds).grants
+    assert [v.replica for v in grant.victims] == ["f6-3"]
 
 
 def _busy(scaler, duty: dict[str, float]) -> None:
