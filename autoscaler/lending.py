@@ -169,11 +169,12 @@ def replica_rank(k: int, rate: float, need: float, slice_fraction: float, cold_s
     HEADROOM above. Its value is what losing it would cost, per slice: its share of the rate
     (rate / need within the need, rate / k above it) through one cold start of its function, in
     requests that miss the SLO (cold_start_misses, as an idle replica's take-back cost counts
-    them: none where the cold start is within the SLO; such replicas tie at 0 and go in the
-    placement's consolidating order). So of two functions' headroom, the one whose replacement
-    takes longer is kept. IDLE, value 0, without requests (an idle replica is valued by its
-    take-back cost instead: takeback_cost). The simulator and the scaler rank busy replicas by it
-    alike.
+    them). None where the cold start is within the SLO: such replicas tie at 0 and go in the
+    placement's consolidating order, and such a first replica's ask comes after other floors, its
+    function's requests waiting no longer than the SLO. So of two functions' headroom with the
+    same share at the same slice, the one whose replacement takes longer is kept. IDLE, value 0,
+    without requests (an idle replica is valued by its take-back cost instead: takeback_cost).
+    The simulator and the scaler rank busy replicas by it alike.
     // 40 rps, need 2, slice 1/4, cold 2.0 s, SLO 0.5 s: the 2nd NEED, (1 + 20 x 1.5) / 0.25 = 124;
     // the 3rd HEADROOM, (1 + 13.3 x 1.5) / 0.25 = 84; with an 8 s cold start, 10 rps: the 2nd
     // HEADROOM (1 + 5 x 7.5) / 0.25 = 154, kept before the first function's"""

@@ -24,7 +24,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
 PROFILE = ROOT / "functions" / "examples" / "emulated_code.yaml"
@@ -379,7 +378,9 @@ def live_overhead_s(folder: Path) -> float | None:
 
 def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S) -> float | None:
     """request_path_s of a live report folder's requests (its requests.csv), against the
-    profile's batch of one plus `overhead_s`."""
+    profile's batch of one plus `overhead_s`. Only answered (200) requests count, and those not
+    answered are left out before deciding which were alone: a slow failure overlapping an
+    answered request would leave that one looking alone."""
     from autoscaler.simulator import batch_seconds
 
     made = sim_profile(PROFILE, 0.0)

@@ -28,6 +28,7 @@ NODES_PER_MODE="${SHOAL_NODES_PER_MODE:-1}"
 ARTIFACTS="${SHOAL_ARTIFACTS_DIR:-$DIR/artifacts}"
 log() { echo "up.sh: $*" >&2; }
 fail() { log "$*"; "$HERE/down.sh" "$DIR" >&2 || true; exit 1; }
+unset WATCH  # wait_for's, set per call (WATCH=NAME wait_for ...), never from the environment
 
 if [ -e "$DIR/apiserver.pid" ] && kill -0 "$(cat "$DIR/apiserver.pid")" 2>/dev/null; then
     fail "a cluster already runs from $DIR (down.sh it first)"
@@ -57,7 +58,7 @@ if [ -z "$POD_NET" ]; then   # the first 10.N.0.0/16 (N in 200..249) no interfac
     # Read once, then grep the text: under pipefail, `ip ... | grep -q` fails when grep stops at
     # a match before ip has written all (SIGPIPE, 141), which took a cluster's net for a free one
     # once another cluster's pods had made more than a pipe write of interfaces.
-    ADDRS="$(ip -o addr show)"
+    ADDRS="$(ip -o addr show)" || fail "ip -o addr show failed: cannot choose a pod network"
     for n in $(seq 200 249); do
         grep -q " 10\.$n\." <<<"$ADDRS" || { POD_NET="10.$n.0.0/16"; break; }
     done
@@ -148,8 +149,8 @@ start etcd etcd --name shoal-test --data-dir "$DIR/etcd" \
     --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "shoal-test=http://127.0.0.1:$ETCD_PEER_PORT" \
     --listen-metrics-urls "" --quota-backend-bytes 2147483648
-wait_for etcd bash -c "alive() { kill -0 $(cat "$DIR/etcd.pid"); }; alive && curl -sf http://127.0.0.1:$ETCD_PORT/health"
-alive etcd
+WATCH=etcd wait_for etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+alive etcd  # and the answer was its own
 
 # The audit log: every request of a service account outside kube-system (Shoal's roles run as
 # theirs), at Metadata level (user, verb, resource, subresource, response code; no bodies), one
@@ -181,8 +182,8 @@ start apiserver "$BIN/kube-apiserver" \
     --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction,PodSecurity \
     --allow-privileged=false --profiling=false --v=1
-wait_for kube-apiserver bash -c "kill -0 $(cat "$DIR/apiserver.pid") && curl -sf --cacert $PKI/ca.crt \
-    --cert $PKI/admin.crt --key $PKI/admin.key https://127.0.0.1:$API_PORT/readyz"
+WATCH=apiserver wait_for kube-apiserver curl -sf --cacert "$PKI/ca.crt" \
+    --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT/readyz"
 alive apiserver
 
 cat > "$DIR/scheduler.yaml" <<EOF
@@ -211,8 +212,8 @@ start controller-manager "$BIN/kube-controller-manager" \
     --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
     --service-cluster-ip-range 10.96.0.0/16 \
     --leader-elect=false --controllers '*' --v=1
-wait_for kube-scheduler curl -skf "https://127.0.0.1:$SCHED_PORT/healthz"
-wait_for kube-controller-manager curl -skf "https://127.0.0.1:$CM_PORT/healthz"
+WATCH=scheduler wait_for kube-scheduler curl -skf "https://127.0.0.1:$SCHED_PORT/healthz"
+WATCH=controller-manager wait_for kube-controller-manager curl -skf "https://127.0.0.1:$CM_PORT/healthz"
 alive scheduler; alive controller-manager
 # The controllers are working once the serviceaccount controller has made default/default
 # (before that, every pod in "default" is refused).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -645,6 +646,22 @@ def test_a_first_replica_takes_a_busy_functions_headroom_when_nothing_is_idle():
     assert backend.stopped == ["f7-8"] and router.drained == ["f7-8"]
     assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
     assert not [a for a, _ in events if a[0] == "held_short"]
+
+
+def test_a_busy_replica_is_valued_by_its_functions_newest_slo_and_unvalued_without_a_spec():
+    # f0's second replica (f7-8, revision 2) comes with an SLO of 1.5 s: f0's newest, so the
+    # default 2 s cold start costs 1 + 1 x 0.5 = 1.5 late requests, / (1/8) = 12 per slice (20 at
+    # revision 1's 500 ms); with no spec on either replica, f0 has none to be valued by: not lent
+    scaler, _, _, _ = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {})
+    traffic, need = scaler._traffic_and_need()
+    second = scaler.replicas["f7-8"]
+    second.revision, second.spec = 2, replace(second.spec, scaling=ScalingSpec(slo_p95_ms=1500.0, idle_to_zero_s=60.0))
+    (held,) = scaler._busy_holds(traffic, need, set())
+    assert (held.replica, held.rank, held.value) == ("f7-8", HEADROOM, pytest.approx(12.0))
+    for r in scaler.replicas.values():
+        r.spec = None
+    assert scaler._busy_holds(traffic, need, set()) == []
 
 
 def test_a_quiet_device_is_time_shared_before_a_busy_replica_is_taken():
