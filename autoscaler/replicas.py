@@ -325,10 +325,10 @@ class ReplicaScaler:
         for name, replicas in mine.items():
             replicas.sort(key=lambda r: (r.id in idle, r.ready_at or 0.0, r.created_at))
             cold_s = self.cold_starts.get(name, DEFAULT_CONFIG.default_cold_start_s)
-            specs = sorted((r.revision, r.spec.scaling.slo_p95_ms) for r in replicas if r.spec is not None)
-            if not specs:
+            newest = max((r for r in replicas if r.spec is not None), key=lambda r: r.revision, default=None)
+            if newest is None:
                 continue  # no spec to value it by: not lent
-            slo_s = specs[-1][1] / 1000.0  # the newest revision's SLO
+            slo_s = newest.spec.scaling.slo_p95_ms / 1000.0
             for k, r in enumerate(replicas, 1):
                 rank, value = replica_rank(k, traffic[name], need[name], float(r.placement.fraction), cold_s, slo_s)
                 if r.id not in idle and rank in (NEED, HEADROOM):

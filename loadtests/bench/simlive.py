@@ -364,16 +364,22 @@ def _circular_median(phases: list[float]) -> float:
     return (centre + offset) % 1.0
 
 
-def live_overhead_s(folder: Path) -> float | None:
-    """batch_overhead_s of a live report folder's requests (its requests.csv), on the profile's
-    batches; for a run that one replica served from start to end."""
+def _answered(folder: Path) -> tuple[list[float], list[float], tuple[float, ...]]:
+    """A live report folder's answered (200) requests, as sent (s) and latencies (s), with the
+    profile's batch seconds by rows (batch_seconds)."""
     from autoscaler.simulator import batch_seconds
 
     made = sim_profile(PROFILE, 0.0)
     with (folder / "requests.csv").open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "200"]
-    return batch_overhead_s([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
-                            batch_seconds(made.latency_ms, made.max_batch))
+    return ([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
+            batch_seconds(made.latency_ms, made.max_batch))
+
+
+def live_overhead_s(folder: Path) -> float | None:
+    """batch_overhead_s of a live report folder's requests (its requests.csv), on the profile's
+    batches; for a run that one replica served from start to end."""
+    return batch_overhead_s(*_answered(folder))
 
 
 def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S) -> float | None:
@@ -381,13 +387,8 @@ def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S) -> float |
     profile's batch of one plus `overhead_s`. Only answered (200) requests count, and those not
     answered are left out before deciding which were alone: a slow failure overlapping an
     answered request would leave that one looking alone."""
-    from autoscaler.simulator import batch_seconds
-
-    made = sim_profile(PROFILE, 0.0)
-    with (folder / "requests.csv").open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "200"]
-    return request_path_s([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
-                          batch_seconds(made.latency_ms, made.max_batch)[0] + overhead_s)
+    sent, latency_s, seconds = _answered(folder)
+    return request_path_s(sent, latency_s, seconds[0] + overhead_s)
 
 
 def live_tick_timing(folder: Path) -> tuple[float, float] | None:
