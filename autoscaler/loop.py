@@ -113,6 +113,10 @@ class Policy(Protocol):
     def keep_alive_s(self, state: Any, spec: ScalingSpec) -> float:
         """How long it keeps an idle replica now (what the scaler prices a lent slice by)."""
 
+    def explain(self, state: Any, now: float) -> dict[str, float]:
+        """The numbers behind its last decision that `shoal status` shows (Shoal's need and
+        reserve); empty where the reason says all."""
+
 
 # ---------------------------------------------------------------------- what a tick learns
 
@@ -203,6 +207,7 @@ class Loop:
         self.memory = Memory()
         self.snapshots: dict[str, MetricsSnapshot] = {}
         self.decisions: dict[str, ScaleDecision] = {}
+        self.looked_at: dict[str, float] = {}  # when each function's last decision was made
         self._wake = asyncio.Event()
         self._poked: set[str] = set()
         self._stopping = False
@@ -246,8 +251,15 @@ class Loop:
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
+        self.looked_at[name] = now
         return Target(spec, revision, decision.desired, decision,
                       self.policy.keep_alive_s(self.memory.policy[name], spec.scaling))
+
+    def explain(self, name: str) -> dict[str, float]:
+        """The policy's numbers behind `name`'s last decision (Policy.explain), at that look's
+        time; empty before its first look."""
+        state, at = self.memory.policy.get(name), self.looked_at.get(name)
+        return {} if state is None or at is None else self.policy.explain(state, at)
 
     def _complete(self, name: str, spec: FunctionSpec, fleet: Fleet, reading: Reading) -> MetricsSnapshot:
         """The reading with what the loop learned: batch latencies (policy_table), the cold

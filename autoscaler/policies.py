@@ -15,7 +15,7 @@ from typing import Any
 
 from autoscaler.baselines import kpa, ray_serve
 from autoscaler.snapshot import MetricsSnapshot
-from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, keep_alive_s
+from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig, PolicyState, ScaleDecision, decide, keep_alive_s, reserve
 from functions.spec import ScalingSpec
 
 
@@ -36,6 +36,13 @@ class Shoal:
     def keep_alive_s(self, state: PolicyState, spec: ScalingSpec) -> float:
         """How long an idle replica is kept now (policy.keep_alive_s): what lending prices it by."""
         return keep_alive_s(state, spec, self.config)
+
+    def explain(self, state: PolicyState, now: float) -> dict[str, float]:
+        """What the count was held by at the look at `now`: the need it measured (replicas, the
+        error budget's spares included) and the reserve for a rise within a cold start
+        (policy.reserve), which `shoal status` shows beside the decision."""
+        need = state.needs[-1].replicas if state.needs else 0.0
+        return {"need": round(need, 3), "reserve": round(reserve(state, now, self.config), 3)}
 
 
 @functools.lru_cache(maxsize=None)  # one per target: a config is built once, not on every look
@@ -71,6 +78,10 @@ class Kpa:
         config = self.config(spec)
         return config.stable_window_s + config.scale_to_zero_grace_s
 
+    def explain(self, state: Any, now: float) -> dict[str, float]:
+        """Nothing beyond the decision's own reason: the KPA's windows are in its state."""
+        return {}
+
 
 @dataclass(frozen=True)
 class RayServe:
@@ -93,6 +104,10 @@ class RayServe:
         """The 1 -> 0 delay (downscale_to_zero_delay_s, else downscale_delay_s: 600 s by default)."""
         config = self.config(spec)
         return config.downscale_delay_s if config.downscale_to_zero_delay_s is None else config.downscale_to_zero_delay_s
+
+    def explain(self, state: ray_serve.RayState, now: float) -> dict[str, float]:
+        """Nothing beyond the decision's own reason."""
+        return {}
 
 
 POLICIES = {"shoal": Shoal, "kpa": Kpa, "ray": RayServe}

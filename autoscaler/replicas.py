@@ -668,6 +668,7 @@ class ReplicaScaler:
                 "held": snap.activator_queue, "rps": snap.rps, "p95_s": snap.p95_s,
                 "desired": decision.desired if decision else None,
                 "reason": decision.reason if decision else None,
+                "detail": decision.detail if decision else None,
                 "replicas": [self._replica_view(r) for r in self.replicas.values() if r.function == name],
             }
         return out

@@ -141,7 +141,7 @@ def status_view(ctl: ClusterController) -> dict[str, Any]:
                      "ready": seen.ready if seen else 0,
                      "starting": max(0, seen.replicas - seen.ready) if seen else 0,
                      "desired": decision.desired if decision else None, "reason": decision.reason if decision else None,
-                     "replicas": []}
+                     "detail": decision.detail if decision else None, "replicas": []}
     return {"functions": out, "devices": [], "leader": ctl.is_leader}
 
 

@@ -238,6 +238,7 @@ class ControlPlane:
         for name, (spec, revision) in self.source.functions().items():
             functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
                                "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
+                               **self.loop.explain(name),
                                "cold_starts": self.loop.exported.cold_starts.get(name, 0)}
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
                 "policy": self.loop.policy.name}

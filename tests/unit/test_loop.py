@@ -371,6 +371,10 @@ def test_shoal_up_scales_a_function_from_zero_with_each_policy(policy, load, exp
     # a cold start is a raise from zero replicas, once, however many replicas it asked for
     assert local.registry.get_sample_value("shoal_scale_from_zero_total", {"function": "digits"}) == 1.0
     assert local.loop.exported.cold_starts == {"digits": 1}  # what shoal up's status reads
+    # what shoal up's status shows beside the decision: Shoal's need (4 held / 2 per replica) and
+    # its reserve (no rise seen before this first one: none); the baselines' reasons say all
+    assert local.loop.explain("digits") == ({"need": 2.0, "reserve": 0.0} if policy.name == "shoal" else {})
+    assert local.loop.explain("nothing-looked-at") == {}
 
 
 def test_kpa_keeps_scaling_with_its_own_windows_through_the_loop():
