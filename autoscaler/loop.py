@@ -131,10 +131,10 @@ class Memory:
 
     def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None) -> BatchTable:
         """The function's batch latencies after this window; a table learned on another slice
-        is dropped (a new slice runs batches at another speed)."""
+        is carried to this one at the slice's speed (on_slice), then moved by what it runs."""
         learned_on, table = self.batch.get(name, (slice_fraction, ()))
         if learned_on != slice_fraction:
-            table = ()
+            table = on_slice(table, learned_on, slice_fraction)
         if window is not None:
             table = learn_batch_latency(table, *window)
         self.batch[name] = (slice_fraction, table)
@@ -148,6 +148,20 @@ class Memory:
         self.policy.clear()
         self.batch.clear()
         self.cold.clear()
+
+
+def on_slice(table: BatchTable, learned_on: float, slice_fraction: float) -> BatchTable:
+    """A table learned on one slice as another would run it: each batch's seconds scaled by
+    learned_on / slice_fraction, the speed the policy's slice hint assumes (a replica on half
+    the slice serves at twice the time: policy._with_slice_hint). Dropping it instead left a
+    function that batches read as one that does not until two sizes were learned again, its
+    need jumping (0.05 to 0.5-0.8 replicas at 2-12 requests a second: docs/simlive.md, "Why
+    at 1x") and the jump held as a rise. E.g. ((1, .040), (8, .120)) from 1/4 to 1/8:
+    ((1, .080), (8, .240)). Empty for a slice not above zero."""
+    if not (learned_on > 0 and slice_fraction > 0):
+        return ()
+    speed = learned_on / slice_fraction
+    return tuple((rows, seconds * speed) for rows, seconds in table)
 
 
 def policy_table(table: BatchTable, max_rows: int = 1) -> BatchTable:

@@ -479,7 +479,7 @@ class Simulation:
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         # batch latencies as the controller learns them (loop.Memory): none until its replicas ran
-        # batches, forgotten when its slice changes
+        # batches, carried at the new slice's speed when its slice changes (loop.on_slice)
         self.memory = Memory()
         self._tables: list[tuple[tuple[float, float], ...]] = [()] * n
         self._batching = self.max_batch > 1  # a model that never batches learns only size 1: no table
@@ -1090,9 +1090,9 @@ class Simulation:
         its window as metrics.batch_window reads a replica's counters (requests per batch,
         seconds per batch: a request is 1/rows of a batch, its occupancy its share of the
         batch's seconds, on the slice it ran on), learned by loop.Memory.learn on the slice new
-        replicas get (a table learned on another is dropped there). E.g. 40 requests, 8 in
-        batches of 1 (4 ms) and 32 in batches of 8 (6 ms): 8 + 4 = 12 batches, (40 / 12,
-        (8 x 4 + 4 x 6) / 12 ms) = (3.33, 4.67 ms)."""
+        replicas get (a table learned on another is carried to it at its speed: loop.on_slice).
+        E.g. 40 requests, 8 in batches of 1 (4 ms) and 32 in batches of 8 (6 ms): 8 + 4 = 12
+        batches, (40 / 12, (8 x 4 + 4 x 6) / 12 ms) = (3.33, 4.67 ms)."""
         fids = np.flatnonzero((n_f > 0) & self._batching & self.tick_scraped)
         if not len(fids):
             return
@@ -1231,8 +1231,8 @@ class Simulation:
 
     def _apply(self, fid: int, decision: ScaleDecision, now: float) -> None:
         if decision.slice_fraction is not None and decision.slice_fraction != self._slice_of[fid]:
-            # new replicas get the new slice; what was learned on the old one is forgotten, as
-            # the live loop forgets it at its next look (loop.Memory.learn)
+            # new replicas get the new slice; what was learned on the old one is carried at the
+            # new slice's speed, as the live loop carries it at its next look (loop.Memory.learn)
             self._slice_of[fid] = decision.slice_fraction
             self._tables[fid] = policy_table(self.memory.learn(self._names[fid], decision.slice_fraction, None),
                                              int(self.max_batch[fid]))

@@ -912,17 +912,20 @@ def test_a_function_learns_the_batches_it_ran(slice_fraction):
         assert table[1][0] == pytest.approx(200 / batches) and table[1][1] == pytest.approx(0.019717, abs=1e-6)
 
 
-def test_a_slice_change_forgets_the_table():
+def test_a_slice_change_carries_the_table_at_the_new_slices_speed():
     """Batches learned on 0.25 (as above); the look at 4.0 asks for a 0.5 slice: the table is
-    dropped at once (live drops it at its next look, before deciding) and the next look sees
-    none; loop.Memory now learns on 0.5."""
+    carried to 0.5 at once at twice the speed, each batch's seconds halved (live carries it at
+    its next look, before deciding: loop.on_slice), and the next looks, with no batch run since
+    (the 200 requests at 3.0 were answered by 3.5), see it so; loop.Memory now learns on 0.5."""
     profile = Profile("b", ((1, 10.0), (8, 20.0)), 0.25, 0.25, cold_start_s=1.0, slo_ms=10_000)
     policy = Scripted(lambda now: ScaleDecision(1, "S", slice_fraction=0.5 if now >= 4 else None))
     sim = Simulation(trace_of([2.0] + [3.0] * 200, duration=6.0), [profile], policy, SimConfig(gpus=1))
     sim.run()
-    assert len(policy.at(4.0).batch_latency_s) == 2  # known when the slice was asked for
-    assert policy.at(5.0).batch_latency_s == () and policy.at(6.0).batch_latency_s == ()
-    assert sim.memory.batch["f0"] == (0.5, ())
+    learned = policy.at(4.0).batch_latency_s
+    assert len(learned) == 2  # known when the slice was asked for
+    carried = tuple((rows, seconds / 2) for rows, seconds in learned)
+    assert policy.at(5.0).batch_latency_s == carried and policy.at(6.0).batch_latency_s == carried
+    assert sim.memory.batch["f0"] == (0.5, carried)
 
 
 def test_the_cold_start_is_seen_once_measured():
