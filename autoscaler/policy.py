@@ -830,8 +830,9 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     latencies would be only the old ones rescaled until learned again. A lone idle replica
     whose p95 would still meet the SLO at twice the service time, and which one replica of
     half the slice could still carry (the kept needs' largest and the largest recent rise,
-    decayed, at most half a replica), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice at max_replicas ->
-    1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at most 0.1 -> 1/8.
+    decayed, at most half a replica), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice
+    at max_replicas -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at
+    most 0.1 -> 1/8.
     `state` holds this snapshot's duty sample already (decide() records it)."""
     current_slice = snapshot.slice_fraction
     if not config.slice_hints or current_slice is None or state.duty_avg is None or snapshot.ready == 0:
