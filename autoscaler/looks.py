@@ -29,6 +29,7 @@ class Tick(NamedTuple):
     p95_s: list[float]  # NaN: nothing answered
     service_s: list[float]  # NaN: nothing answered
     over_slo: list[float]
+    answered_rps: list[float]  # the gateway's: answered and timed out while held, per second
     now: float
     window_s: float  # the tick
 
@@ -55,7 +56,8 @@ def snapshot_of(tick: Tick, i: int, functions: Functions) -> MetricsSnapshot:
         activator_queue=len(held) if held is not None else 0, duty=(tick.duty[i],) * ready, rps=tick.rps[i],
         p95_s=None if math.isnan(p95) else p95, cold_start_s=functions.cold_start_s[fid],
         slice_fraction=functions.slice_fraction[fid], service_s=None if math.isnan(service) else service,
-        batch_latency_s=functions.batch_latency_s[fid], over_slo=tick.over_slo[i], window_s=tick.window_s)
+        batch_latency_s=functions.batch_latency_s[fid], over_slo=tick.over_slo[i],
+        answered_rps=tick.answered_rps[i], window_s=tick.window_s)
 
 
 class Looked(NamedTuple):

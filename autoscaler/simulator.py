@@ -1190,7 +1190,7 @@ class Simulation:
         inflight = self.seen_inflight[fids] / dt
         tick = looks.Tick(fids.tolist(), ready.tolist(), self.n_srv[fids].tolist(), inflight.tolist(),
                           duty.tolist(), (seen / dt).tolist(), p95.tolist(), service.tolist(),
-                          over_slo.tolist(), now, dt)
+                          over_slo.tolist(), ((n + refused) / dt).tolist(), now, dt)
         acted, quiet = self.policy.look_each(tick, self._functions)
         if quiet is not None:
             self.quiet[fids] = quiet

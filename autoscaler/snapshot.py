@@ -36,6 +36,9 @@ class MetricsSnapshot(Record):
         # Empty while unknown or for a model that does not batch.
         batch_latency_s: tuple[tuple[float, float], ...] = (),
         over_slo: float = 0.0,  # fraction of the window's answered requests slower than the function's SLO
+        # requests per second the gateway answered over the window, held ones that timed out included:
+        # what over_slo is a share of (rps counts a replica's, from its second scrape on)
+        answered_rps: float = 0.0,
         window_s: float = 0.0,  # the seconds rps was measured over (0: unknown, e.g. between ticks)
         extra: Mapping[str, float] = NO_EXTRA,
     ) -> None:
@@ -54,6 +57,7 @@ class MetricsSnapshot(Record):
         self.service_s: Final = service_s
         self.batch_latency_s: Final = batch_latency_s
         self.over_slo: Final = over_slo
+        self.answered_rps: Final = answered_rps
         self.window_s: Final = window_s
         self.extra: Final = extra
 

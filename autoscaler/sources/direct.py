@@ -75,7 +75,8 @@ class ReplicaScrapes:
 
     def __init__(self, scaler: ReplicaScaler, scraper: Scraper, latencies: Latencies):
         self.scaler, self.scraper, self.latencies = scaler, scraper, latencies
-        self.seen: dict[str, Histogram] = {}  # function -> the gateway's histogram at its last tick's reading
+        # function -> the gateway's histogram at its last tick's reading, and when
+        self.seen: dict[str, tuple[Histogram, float]] = {}
         self.last_inflight: dict[str, tuple[float, float]] = {}  # function -> the gateway's integral, and when
 
     async def read(self, wanted: dict[str, tuple[FunctionSpec, Fleet]], now: float,
@@ -93,7 +94,8 @@ class ReplicaScrapes:
         """The function's reading at `now`; `between_ticks`, over the windows since the last tick's
         reading without ending them (MetricsSource.read)."""
         keep = not between_ticks
-        served = self._served(name, self.latencies.latencies() if histograms is None else histograms, keep)
+        served, answered_rps = self._served(name, self.latencies.latencies() if histograms is None else histograms,
+                                            now, keep)
         mine = self.scaler.live(name)
         ready = [r for r in mine if r.state == "ready"]
         stats = await asyncio.gather(*(self._scrape(r, now) for r in ready))
@@ -111,6 +113,7 @@ class ReplicaScrapes:
             window_s=w.windows / len(w.duties) if w.duties and w.moved and keep else 0.0,
             p95_s=quantile(served, 0.95), service_s=w.busy / w.answered if w.answered else None,
             over_slo=fraction_over(served, spec.scaling.slo_p95_ms / 1000.0) if spec is not None else 0.0,
+            answered_rps=answered_rps,
         )
         # in requests, the unit of rps and in-flight
         return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
@@ -134,14 +137,21 @@ class ReplicaScrapes:
             return float(router.outstanding(name))
         return (area - last[0]) / (at - last[1])
 
-    def _served(self, name: str, histograms: dict[str, Histogram], keep: bool = True) -> Histogram:
-        """The requests the gateway answered for `name` since its last tick's reading, by latency
-        (`keep`: this reading ends the window)."""
-        now = histograms.get(name, ())
-        window = histogram_delta(self.seen.get(name), now)
-        if keep or name not in self.seen:  # a first reading starts the window either way, as _inflight's
-            self.seen[name] = now
-        return window
+    def _served(self, name: str, histograms: dict[str, Histogram], now: float,
+                keep: bool = True) -> tuple[Histogram, float]:
+        """The requests the gateway answered for `name` since its last tick's reading, by latency,
+        and their rate over that time (0 at a first reading: no window yet); `keep`: this reading
+        ends the window. The gateway counts a request held through a cold start when it is
+        answered, before any replica's scrape has a rate: 12 answered in the 1.5 s since the last
+        tick are 8 requests/s while the replica's rps is still 0."""
+        histogram = histograms.get(name, ())
+        last = self.seen.get(name)
+        window = histogram_delta(last[0] if last else None, histogram)
+        if keep or last is None:  # a first reading starts the window either way, as _inflight's
+            self.seen[name] = (histogram, now)
+        if last is None or now <= last[1] or not window:
+            return window, 0.0
+        return window, window[-1][1] / (now - last[1])
 
     def _dead(self, replica: Replica, stat: ReplicaStat | None, now: float) -> bool:
         """Liveness: a replica whose model has been inside one call past its function's

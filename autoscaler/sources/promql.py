@@ -223,6 +223,7 @@ def snapshot_from_results(function: str, now: float, fleet: Fleet | None, result
     latencies, the cold start, the slice) it adds itself (loop.Loop._complete). `fleet`:
     anything with the function's `replicas` and `ready` counts."""
     rps = _scalar(results.get("rps", [])) or 0.0
+    buckets = latency_buckets(results.get("buckets", []))
     busy = _scalar(results.get("busy", [])) or 0.0
     # the busiest `ready` pods: a pod still starting, or gone within the window, shows little work and
     # must not stand in for a ready one
@@ -235,7 +236,8 @@ def snapshot_from_results(function: str, now: float, fleet: Fleet | None, result
         inflight=_scalar(results.get("inflight", [])) or 0.0, queued=_scalar(results.get("queued", [])) or 0.0,
         activator_queue=int(_scalar(results.get("held", [])) or 0), duty=tuple(sorted(duties[:ready])),
         rps=rps, p95_s=_scalar(results.get("p95_s", [])), service_s=busy / rps if rps > 0 else None,
-        over_slo=fraction_over(latency_buckets(results.get("buckets", [])), slo_s) if slo_s is not None else 0.0,
+        over_slo=fraction_over(buckets, slo_s) if slo_s is not None else 0.0,
+        answered_rps=buckets[-1][1] if buckets else 0.0,  # the +Inf bucket's rate: every request
         window_s=window_s,
     )
 

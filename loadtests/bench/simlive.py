@@ -430,6 +430,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
              f"--start-minute {args.start_minute:g} --compress {args.compress:g} --out {out}"
              + (f" --overhead-ms {args.overhead_ms:g}" if args.overhead_ms != SERVING_OVERHEAD_S * 1000.0 else "")
              + (f" --path-ms {args.path_ms:g}" if args.path_ms != REQUEST_PATH_S * 1000.0 else "")
+             + (f" --phases {args.phases}" if args.phases else "")
              + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
@@ -470,8 +471,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path-ms", type=float, default=REQUEST_PATH_S * 1000.0,
                    help="each request's way there and back in the simulator, beyond its batch (default "
                         f"{REQUEST_PATH_S * 1000.0:g}, measured; 0: none)")
+    p.add_argument("--phases", type=int, default=0,
+                   help="also simulate each policy at this many tick phases 0, 1/N, ... (the live run's cold "
+                        "start and tick) and print the spread: the simulator's own, against which a live "
+                        "run is one draw (default 0: none)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     return p
+
+
+def phase_sweep(policy: str, window: Window, cold_start_s: float, phases: int, **run: Any) -> dict[str, Any]:
+    """sim_run at `phases` tick phases 0, 1/phases, ...: each phase's SLO attainment and
+    slice-seconds, and their ranges. Which second a live tick falls on is chance; on the real
+    trace at 1x a knife edge (one second's batch of two starting a reserve replica, or not)
+    moves the prediction by more than the tolerance, so a live run is checked against the
+    spread as well as against its own phase (docs/simlive.md)."""
+    if phases < 1:
+        raise ValueError(f"--phases {phases}: at least 1")
+    runs = []
+    for k in range(phases):
+        sim = sim_run(policy, window, cold_start_s, phase=k / phases, **run)
+        runs.append({"phase": k / phases, "slo_attainment": sim["slo_attainment"],
+                     "replica_slice_seconds": sim["replica_slice_seconds"], "replica_starts": sim["replica_starts"]})
+    slo = [r["slo_attainment"] for r in runs]
+    cost = [r["replica_slice_seconds"] for r in runs]
+    return {"runs": runs, "slo": (min(slo), max(slo)), "slice_seconds": (min(cost), max(cost))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown or not args.policies:
         print(f"simlive: --policies {unknown or '(none)'}: allowed {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    if args.phases < 0:
+        print(f"simlive: --phases ({args.phases}) must be 0 or more", file=sys.stderr)
         return 2
     for flag, value in (("--overhead-ms", args.overhead_ms), ("--path-ms", args.path_ms)):
         if not (math.isfinite(value) and value >= 0):
@@ -507,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
-            sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0,
-                          overhead_s=args.overhead_ms / 1000.0, tick_s=tick, path_s=args.path_ms / 1000.0)
+            run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0}
+            sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
             path = live_path_s(folder, args.overhead_ms / 1000.0)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
@@ -524,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'}; "
                   f"each request's path {args.path_ms:g} ms"
                   f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'})", flush=True)
+            if args.phases:
+                sweep = results[policy]["phase_sweep"] = phase_sweep(policy, window, live["cold_start_s"],
+                                                                     args.phases, **run)
+                print(f"{policy}: sim over {args.phases} tick phases: SLO {sweep['slo'][0]:.4f}-{sweep['slo'][1]:.4f}, "
+                      f"slice-s {sweep['slice_seconds'][0]:.1f}-{sweep['slice_seconds'][1]:.1f}", flush=True)
     except (ValueError, OSError, LoadTestError) as exc:
         print(f"simlive: {exc}", file=sys.stderr)
         return 2

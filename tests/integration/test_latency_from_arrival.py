@@ -108,6 +108,9 @@ def test_a_request_held_through_a_cold_start_is_a_miss_to_the_controller():
     # the (1, 2.5] s bucket: 1 + 1.5 x 0.95 = 2.425 s
     assert snapshot.ready == 1
     assert snapshot.over_slo == 1.0
+    # the replica has been scraped once: no rate of its own yet; the gateway answered the one
+    # request in the 2 s since the last tick, which the error budget counts (0.5/s x 2 s = 1)
+    assert snapshot.rps == 0.0 and snapshot.answered_rps == pytest.approx(0.5)
     assert snapshot.p95_s == pytest.approx(2.425) and snapshot.p95_s > SLO_MS / 1000.0
 
 

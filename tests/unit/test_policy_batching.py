@@ -42,9 +42,12 @@ RESNET = ((1.0, 0.004), (8.0, 0.006), (32.0, 0.014))  # rows, seconds per batch
 WHISPER = ((1.0, 0.030), (4.0, 0.045))
 
 
-def snap(ready=1, rps=0.0, inflight=0.0, p95=None, service=None, batch=(), over=0.0, at=0.0, duty=None):
+def snap(ready=1, rps=0.0, inflight=0.0, p95=None, service=None, batch=(), over=0.0, at=0.0, duty=None,
+         answered=None):
+    """`answered`: the gateway's answered rate; the replicas' rps unless given."""
     return MetricsSnapshot("f", at, ready=ready, inflight=inflight, rps=rps, p95_s=p95, service_s=service,
-                           duty=(0.0,) * ready if duty is None else duty, batch_latency_s=batch, over_slo=over)
+                           duty=(0.0,) * ready if duty is None else duty, batch_latency_s=batch, over_slo=over,
+                           answered_rps=rps if answered is None else answered)
 
 
 # ---------------------------------------------------------------------- full_batch
@@ -173,14 +176,30 @@ def test_one_busy_second_moves_the_work_view_by_its_weight():
 # ---------------------------------------------------------------------- the error budget
 
 BUDGET_CASES = [
-    # id, state before (budget, served, served_over, last look at), snapshot, now,
+    # id, state before (budget, served, served_over, last look at[, held_max, released, released_until]),
+    # snapshot, now,
     # expected (budget, served, served_over)
     ("first-look-opens-a-window", (None, 0.0, 0.0, None), snap(rps=100), 5.0, (Budget(5.0), 0.0, 0.0)),
     # 1,000/s for 1 s since the last look, 1 % over: counted, the window (30 s) not over
     ("counts-inside-the-window", (Budget(0.0), 1000.0, 0.0, 9.0), snap(rps=1000, over=0.01), 10.0,
      (Budget(0.0), 2000.0, 10.0)),
-    ("no-ready-replica-counts-nothing", (Budget(0.0), 1000.0, 0.0, 9.0), snap(ready=0, rps=1000, over=0.5), 10.0,
-     (Budget(0.0), 1000.0, 0.0)),
+    # the gateway's count, not the replicas' rps: a pre-warmed replica's first window is unread
+    # (rps 0) while the gateway answered 12 requests in the second since, 3 of them late
+    ("a-first-window-unread-counts", (Budget(0.0), 1000.0, 0.0, 9.0),
+     snap(rps=0, answered=12, over=0.25), 10.0, (Budget(0.0), 1012.0, 3.0)),
+    # the look after a start from zero (31 were held at the last look): its answers are the
+    # requests held through the cold start, the keep-alive's to price, not the budget's
+    ("after-a-start-from-zero-counts-nothing", (Budget(0.0), 1000.0, 0.0, 9.0, 31.0),
+     snap(rps=0, answered=31, over=1.0), 10.0, (Budget(0.0), 1000.0, 0.0)),
+    # nor the next look: the replica was ready just before the last one, its batch answered after it
+    ("nor-the-look-after-that", (Budget(0.0), 1000.0, 0.0, 9.0, 0.0, 1),
+     snap(rps=12, answered=12, over=1.0), 10.0, (Budget(0.0), 1000.0, 0.0)),
+    # nor a look inside the window its rates are read over (PromQL's 30 s: until 38.5)
+    ("nor-inside-a-long-window", (Budget(0.0), 1000.0, 0.0, 9.0, 0.0, 0, 38.5),
+     snap(rps=12, answered=12, over=1.0), 10.0, (Budget(0.0), 1000.0, 0.0)),
+    # a warm function's last replica lost: no replica ready, its requests answered 503, misses
+    ("no-replica-ready-after-a-warm-one-counts", (Budget(0.0), 1000.0, 0.0, 9.0),
+     snap(ready=0, answered=4, over=1.0), 10.0, (Budget(0.0), 1004.0, 4.0)),
     # window over at 30: (10 + 1000 x 0.01 = 20) / 30,000 = 0.067 % <= 0.1 %, >= 0.025 %: clean count reset
     ("inside-the-budget", (Budget(0.0, spare=1, clean=3), 29000.0, 10.0, 29.0), snap(rps=1000, over=0.01), 30.0,
      (Budget(30.0, spare=1, clean=0, last_over=20 / 30000), 0.0, 0.0)),
@@ -202,8 +221,9 @@ BUDGET_CASES = [
 @pytest.mark.parametrize("before, snapshot, now, expected", [c[1:] for c in BUDGET_CASES],
                          ids=[c[0] for c in BUDGET_CASES])
 def test_budget_sample(before, snapshot, now, expected):
-    budget, served, served_over, at = before
-    state = PolicyState(budget=budget, served=served, served_over=served_over, rate_at=at)
+    budget, served, served_over, at, held_max, released, until = (before + (0.0, 0, -math.inf))[:7]
+    state = PolicyState(budget=budget, served=served, served_over=served_over, rate_at=at, held_max=held_max,
+                        released=released, released_until=until)
     got, got_served, got_over = _budget_sample(state, snapshot, now, CFG)
     want, want_served, want_over = expected
     assert (got.since, got.spare, got.clean) == (want.since, want.spare, want.clean)
@@ -222,6 +242,38 @@ def test_misses_over_the_budget_add_a_replica_with_its_reason():
     assert [d.desired for d in decisions[:30]] == [1] * 30
     assert decisions[30].desired == 2 and decisions[30].reason == "SLO"
     assert "1 spare" in decisions[30].detail and "0.50% of requests over the SLO" in decisions[30].detail
+
+
+@pytest.mark.parametrize("from_zero, late_at, window_s, spare", [
+    (True, (2,), 1.0, 0), (True, (3,), 1.0, 0), (False, (2,), 1.0, 1), (True, (3, 10), 1.0, 1),
+    (True, (3,), 30.0, 0), (True, (3, 40), 30.0, 1)],
+    ids=["from-zero-answered-on-the-first-ready-look", "from-zero-answered-a-look-later", "warm",
+         "from-zero-then-late-when-warm", "promql-window", "promql-then-late-when-warm"])
+def test_a_start_from_zeros_late_requests_hold_no_spare_at_any_phase(from_zero, late_at, window_s, spare):
+    """12 requests held through a start from zero (8 held at the look at 1 s), all answered
+    late, read by the look that first sees the replica ready (2 s: no rate of the replica's
+    yet) or by the next (3 s), as the tick's phase falls; and 5/s within the SLO. Neither
+    adds a spare when the budget's window closes at 30 s: a spare cannot prevent the next
+    start from zero's misses (the keep-alive prices them). The same 12 late answers from a
+    warm replica do (12 / (12 + 5 x 28) = 8 % over, more than 0.1 %), and so do 12 late at
+    10 s, once the start's looks are over. Rates read over 30 s (PromQL; `window_s` 30) show
+    12 answered at 2-3 s in every look from 3 to 32 s, 0.4/s: those looks are left out, and
+    12 late at 39-40 s, shown from 40 s, add a spare when the window closes at 60 s."""
+    state, decisions = PolicyState(), []
+    for t in range(62):
+        if from_zero and t < 2:
+            s = MetricsSnapshot("f", float(t), starting=1, activator_queue=4 * (t + 1), window_s=window_s)
+        else:
+            late = sum(12.0 / window_s for at in late_at if at <= t < at + window_s)
+            # the first ready look has no rate of the new replica yet (its first scrape); the next has
+            s = MetricsSnapshot("f", float(t), ready=1, rps=0.0 if from_zero and t == 2 else 5.0 + late,
+                                answered_rps=5.0 + late, over_slo=late / (5.0 + late), p95_s=0.05, service_s=0.01,
+                                duty=(0.05,), window_s=window_s)
+        decision, state = decide(s, SPEC, state, float(t))
+        decisions.append(decision)
+        if t == 4:
+            assert state.released == 0  # the start's two looks are over
+    assert state.budget.spare == spare, [(d.desired, d.reason) for d in decisions[28:]]
 
 
 def test_budget_config_is_validated():

@@ -101,6 +101,8 @@ def _looks(rng: np.random.Generator, steps: int, start: float = 100.0):
             slice_fraction=float(rng.choice([0.125, 0.25, 1.0])) if rng.random() < 0.9 else None,
             service_s=service, batch_latency_s=table if rng.random() < 0.9 else (),
             over_slo=float(rng.choice([0.0, 0.0, 0.0005, 0.02])) if rps else 0.0,
+            # the gateway's: as rps, short of it, past it (held ones), or with no rps yet (a first scrape)
+            answered_rps=rps * float(rng.choice([1.0, 1.0, 0.5, 1.3])) if rps else float(rng.choice([0.0, 0.0, 6.0])),
             window_s=float(rng.choice([0.0, 1.0, 1.0, 30.0])))
         change = decision.desired - ready - starting
         if change > 0:
@@ -157,7 +159,8 @@ def _tick(rng: np.random.Generator, fids: list[int], replicas: list[int], now: f
         [float(rng.lognormal(3.0, 1.0)) if a else 0.0 for a in answered],
         [float(rng.uniform(0.001, 0.3)) if a else nan for a in answered],
         [float(rng.uniform(0.001, 0.02)) if a else nan for a in answered],
-        [float(rng.choice([0.0, 0.01])) if a else 0.0 for a in answered], now, 1.0)
+        [float(rng.choice([0.0, 0.01])) if a else 0.0 for a in answered],
+        [float(rng.lognormal(3.0, 1.0)) if a else 0.0 for a in answered], now, 1.0)
 
 
 def test_a_ticks_looks_are_the_same_compiled_or_not():

@@ -363,3 +363,31 @@ def test_the_path_read_from_a_live_report_folder(tmp_path):
     assert live_path_s(alone) == pytest.approx(0.0018, abs=1e-9)
     overlapping = folder("overlapping", [(0.0, 500.0, "200"), (0.1, 42.3, "200"), (0.2, 42.5, "200")])
     assert live_path_s(overlapping) is None
+
+
+def test_the_phase_sweep_runs_each_phase_and_gives_the_spread(tmp_path, monkeypatch):
+    """--phases 4: sim_run at phases 0, 0.25, 0.5 and 0.75 with the live run's cold start and
+    tick; the ranges are those of the four runs."""
+    from loadtests.bench import simlive
+
+    window = simlive.Window(tmp_path / "window.csv", 4.0, 3, "test", 1.0, 1.0)
+    calls = []
+
+    def fake(policy, w, cold, phase=0.0, **run):
+        calls.append((policy, cold, phase, run["tick_s"]))
+        return {"slo_attainment": 1.0 - phase / 10, "replica_slice_seconds": 100.0 + 40 * phase, "replica_starts": 2}
+
+    monkeypatch.setattr(simlive, "sim_run", fake)
+    sweep = simlive.phase_sweep("shoal", window, 2.07, 4, tick_s=1.0005, overhead_s=0.0007, path_s=0.0018)
+    assert calls == [("shoal", 2.07, p, 1.0005) for p in (0.0, 0.25, 0.5, 0.75)]
+    assert sweep["slo"] == pytest.approx((0.925, 1.0)) and sweep["slice_seconds"] == pytest.approx((100.0, 130.0))
+    assert [r["phase"] for r in sweep["runs"]] == [0.0, 0.25, 0.5, 0.75]
+    with pytest.raises(ValueError, match="at least 1"):
+        simlive.phase_sweep("shoal", window, 2.07, 0)
+
+
+def test_a_negative_phase_count_is_refused(capsys):
+    from loadtests.bench import simlive
+
+    assert simlive.main(["--phases", "-1", "--sim-only"]) == 2
+    assert "--phases" in capsys.readouterr().err
