@@ -62,7 +62,7 @@ class PolicyConfig:
     # the budget counts the gateway's answers and leaves out those of a start from zero, at any
     # tick phase (_budget_sample); off: the replicas' rps, which counts them at some phases
     # only. Off by the bench's rule (docs/benchmarks.md, "The error budget and a start from zero")
-    budget_skips_starts: bool = True
+    budget_skips_starts: bool = False
     keep_alive_max_s: float = 300.0  # the idle gaps' p90 may keep a replica this long at most (0: off)
     miss_price_slice_s: float = 20.0  # a request that misses its SLO in a cold start is worth this many
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
