@@ -255,6 +255,7 @@ def decide(
     missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
+    first_ready = state.held_max > 0 and snapshot.ready > 0  # the first look at a start from zero's replica
     state = PolicyState(
         last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
         duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
@@ -262,8 +263,8 @@ def decide(
         forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
         peak=peak, rps_last_at=rps_last_at, rise=rise, rise_at=rise_at, rise2=rise2, rise2_at=rise2_at, cold_cost_s=cold_cost_s,
         held_max=held_max, cold_misses=cold_misses, missed_at=missed_at,
-        released=1 if state.held_max > 0 and snapshot.ready else max(0, state.released - 1),
-        released_until=now + snapshot.window_s if state.held_max > 0 and snapshot.ready else state.released_until)
+        released=1 if first_ready else max(0, state.released - 1),
+        released_until=now + snapshot.window_s if first_ready else state.released_until)
     if current == 0:
         return _from_zero(snapshot, spec, state, now, need, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
