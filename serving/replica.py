@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loader", help="override detection: onnx, torchscript, sklearn, handler, kserve, profile")
     p.add_argument("--trust", action="store_true", help="allow pickles (joblib/pickle), which run code when loaded")
     p.add_argument("--slice", default="1/4", help="share of the device: '1/4', or '1/4:2048' with a memory budget in MiB")
+    p.add_argument("--profile-slice",
+                   help="an emulated profile's: the slice its latencies hold on, the function's deployed one "
+                        "(default: --slice); on a smaller --slice they run longer by the ratio (1/4 on 1/8: 2x)")
     p.add_argument("--device", default="auto", help="cpu, gpu:N or emulated:N (auto: gpu:0 when a GPU is visible)")
     p.add_argument("--cpus", help="CPU affinity, e.g. '0-1' (default: not pinned)")
     p.add_argument("--max-batch-size", type=int, default=batching.max_batch_size)
@@ -309,11 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         ServingLimits(int(args.max_body_mib * 2**20), args.request_timeout_s)  # validates both
         device = default_device() if args.device == "auto" else args.device
         binding = bind_slice(slice_request, device, parse_cpus(args.cpus), usable_cpus())
+        measured_on = SliceRequest.parse(args.profile_slice) if args.profile_slice else slice_request
     except (SpecError, ValueError) as exc:
         print(f"shoal replica: {exc}", file=sys.stderr)
         return 2
     apply_binding(binding)  # before any framework starts threads
-    return _serve(args, name, binding, batching)
+    return _serve(args, name, binding, batching, float(measured_on.fraction / slice_request.fraction))
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -335,14 +339,14 @@ def _name_from(artifact: str) -> str:
     return "".join(c for c in stem if c.isalnum() or c == "-").strip("-") or "model"
 
 
-def _serve(args, name: str, binding, batching: BatchingSpec) -> int:
+def _serve(args, name: str, binding, batching: BatchingSpec, slowdown: float) -> int:
     from serving.dataplane import DataPlane
     from serving.metrics import ReplicaMetrics
     from serving.models import LoadError, LoadOptions, create_model
 
     options = LoadOptions(
         threads=binding.threads, device=binding.device, gpu_mem_limit_mib=binding.slice.memory_mib,
-        trust=args.trust, version=args.version,
+        trust=args.trust, version=args.version, slowdown=slowdown,
     )
     try:
         model = create_model(args.artifact, name, args.loader, options)

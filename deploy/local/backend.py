@@ -103,6 +103,8 @@ def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host:
         argv += ["--request-timeout-s", f"{spec.timeout_s:g}"]
     if spec.batching.preferred_batch_sizes:
         argv += ["--preferred-batch-sizes", ",".join(map(str, spec.batching.preferred_batch_sizes))]
+    if f != spec.slice.fraction:  # resized: an emulated profile's latencies hold on the deployed slice
+        argv += ["--profile-slice", spec.slice.name]
     if placement.cpus:
         argv += ["--cpus", ",".join(map(str, placement.cpus))]
     if spec.loader:

@@ -21,13 +21,17 @@ class LoadError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
-    """How to load: the executor's threads and the device the slice is on."""
+    """How to load: the executor's threads, the device the slice is on, and (for an emulated
+    profile) how much slower this slice runs than the one its latencies were measured on."""
 
     threads: int = 1
     device: str = "cpu"  # cpu | gpu:N | emulated:N
     gpu_mem_limit_mib: int | None = None
     trust: bool = False
     version: str = "1"
+    # an emulated profile's latencies x this: its measured slice over this replica's (a profile
+    # measured on 1/4 run on 1/8: 2.0), as a GPU slice's compute share bounds its speed
+    slowdown: float = 1.0
 
 
 class Model(abc.ABC):

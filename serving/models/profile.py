@@ -1,6 +1,10 @@
 """`profile` models: an emulated device whose service time follows a measured profile, for capacity
 planning, CI and benchmarks on machines without a GPU. The service time is slept, not computed,
-so it burns no CPU, yet counts in the replica's duty cycle; every output says "emulated".
+so it burns no CPU, yet counts in the replica's duty cycle; every output says "emulated". The
+latencies hold on the slice the function is deployed with; a replica given another slice (the
+autoscaler's resizing) runs them at that slice over its own (`shoal replica --profile-slice`), a
+1/8 replica of a profile deployed at 1/4 twice as long, as the simulator's replicas run
+(autoscaler.simulator, Profile.ref_slice): a device's work does not grow by cutting it finer.
 
     kind: profile
     inputs:  [{name: x, datatype: FP32, shape: [-1, 16]}]
@@ -89,7 +93,8 @@ class ProfileModel(Model):
         time.sleep(profile["load_s"])
 
     def service_time_s(self, rows: int) -> float:
-        return interpolate_ms(self.points, max(1, rows)) / 1000.0
+        """The profile's latency for `rows`, on this replica's slice (LoadOptions.slowdown)."""
+        return interpolate_ms(self.points, max(1, rows)) / 1000.0 * self.options.slowdown
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         first = next(iter(inputs.values()), None)

@@ -221,6 +221,31 @@ def test_emulated_profile_is_labelled_and_accounts_busy_time(replica_factory):
     assert _metric(metrics, 'shoal_replica_batch_size_count{function="resnet"}') == 10
 
 
+def test_emulated_profile_on_a_smaller_slice_than_measured_runs_slower(tmp_path, replica_factory):
+    """A replica the autoscaler resized to 1/8 of a function deployed at 1/4 (deploy.local passes
+    --profile-slice) sleeps its profile's 40 ms x 1/4 / 1/8 = 80 ms a batch of one, as the
+    simulator runs it; at its deployed slice, the profile's own 40 ms."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        "kind: profile\ninputs: [{name: x, datatype: FP32, shape: [-1]}]\n"
+        "outputs: [{name: y, datatype: FP32, shape: [-1]}]\nlatency_ms: {1: 40}\n"
+    )
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}
+    busy = {}
+    for args in (("--slice", "1/8", "--profile-slice", "1/4"), ("--slice", "1/4", "--profile-slice", "1/4")):
+        replica = replica_factory(profile, "--name", "p", "--device", "emulated:0", *args)
+        for _ in range(5):
+            assert httpx.post(f"{replica.url}/v2/models/p/infer", json=body).status_code == 200
+        busy[args[1]] = _metric(httpx.get(f"{replica.url}/metrics").text, 'shoal_replica_busy_seconds_total{function="p"}')
+    assert 0.40 <= busy["1/8"] < 0.55, busy  # 5 x 80 ms, slept
+    assert 0.20 <= busy["1/4"] < 0.30, busy  # 5 x 40 ms
+
+
+def test_a_profile_slice_that_is_no_slice_is_refused(replica_factory):
+    with pytest.raises(RuntimeError, match=r"rc=2\): shoal replica: slice 'a quarter' is invalid"):
+        replica_factory(EXAMPLES / "emulated_resnet.yaml", "--name", "resnet", "--profile-slice", "a quarter")
+
+
 def test_sigterm_finishes_in_flight_request_then_exits_0(tmp_path, replica_factory):
     profile = tmp_path / "slow.yaml"
     profile.write_text(

@@ -44,6 +44,9 @@ def test_emulated_placement_is_passed_through():
     emu = Device("emulated:1", "emulated", 81920)
     argv = replica_argv(SPEC, Placement("f-1", emu, Fraction(1, 8), 10240, ()), Path("/a/p.yaml"), "127.0.0.1", 9000)
     assert argv[argv.index("--device") + 1] == "emulated:1"
+    assert argv[argv.index("--profile-slice") + 1] == "1/4"  # resized from the deployed 1/4: a profile runs 2x
+    deployed = replica_argv(SPEC, Placement("f-1", emu, Fraction(1, 4), 10240, ()), Path("/a/p.yaml"), "127.0.0.1", 9000)
+    assert "--profile-slice" not in deployed  # on its deployed slice a profile's latencies hold as written
 
 
 def test_nvml_discovery(monkeypatch):
