@@ -32,6 +32,7 @@ from autoscaler.policy import ScaleDecision
 from autoscaler.simulator import (
     POLICIES,
     PROFILES,
+    RELEASE_GAP_S,
     Profile,
     Scheduled,
     ShoalPolicy,
@@ -42,6 +43,7 @@ from autoscaler.simulator import (
     oracle_counts,
     oracle_policy,
     ray_policy,
+    released_one_by_one,
     simulate,
     static_policy,
     warm_start,
@@ -357,6 +359,40 @@ def test_exact_batcher_leaves_each_replica_busy_until_its_last_batch_ends():
     # the next tick's request at 0.1 finds it busy until 102.86 ms: it waits and runs alone
     _, latency, _, rows = serve_exact(sim, (0.1,))
     assert latency[0] == pytest.approx(0.0028571 + 0.04, abs=1e-6) and rows.tolist() == [1]
+
+
+def test_requests_held_for_a_cold_start_reach_the_replica_one_by_one():
+    """As shoal up's gateway releases them (released_one_by_one): 9 held from 0.1-0.3 s, the
+    replica ready at 0.5 s. The first runs alone (40 ms, to 0.54 s), the other 8 reach it just
+    after and run as one batch from 0.54 s (120 ms, to 0.66 s). Sent all at 0.5 s they would run
+    8 (to 0.62 s) and then 1 (to 0.66 s). Latency counts from when each came."""
+
+    class RanAndRecorded(Ran, Recording):
+        pass
+
+    sim = RanAndRecorded(trace_of([], duration=1.0), [CODE], static_policy({}), SimConfig(gpus=1, batcher="exact"))
+    sim._start(0, 1, 0.0)
+    slot = sim.slots[0][0]
+    sim.servers.ready_at[slot] = sim.servers.free[slot] = 0.5
+    came = 0.1 + np.arange(9) * 0.025
+    sim._serve(came, np.zeros(9, np.int64), 0.0, 1.0, 1.0)
+    ran = sorted(sim.ran)  # (reached the replica, latency from then, rows)
+    assert [rows for _, _, rows in ran] == [1] + [8] * 8
+    np.testing.assert_allclose([a + lat for a, lat, _ in ran], [0.54] + [0.66] * 8, atol=1e-5)
+    reached = np.array([a for a, _, _ in ran])
+    assert reached[0] == pytest.approx(0.5) and np.all(np.diff(reached) > 0) and reached[-1] < 0.5001
+    np.testing.assert_allclose(sorted(sim.latencies), sorted([0.44] + (0.66 - came[1:]).tolist()), atol=1e-5)
+
+
+def test_released_one_by_one_moves_only_the_held_requests():
+    """Two held (came 0.1 and 0.2 s, sent at 0.5 s) go one after the other; one sent on arrival
+    (0.6 s) stays; each held one's wait becomes its hop."""
+    a, f = np.array([0.1, 0.2, 0.6]), np.zeros(3, np.int64)
+    a2, f2, hop2, sent2 = released_one_by_one(a, f, np.zeros(3), np.array([0.5, 0.5, 0.6]))
+    np.testing.assert_allclose(sent2, [0.5, 0.5 + RELEASE_GAP_S, 0.6])
+    np.testing.assert_allclose(a2, sent2)
+    np.testing.assert_allclose(hop2, [0.4, 0.3 + RELEASE_GAP_S, 0.0])
+    assert f2.tolist() == [0, 0, 0]
 
 
 class Ran(Simulation):
