@@ -673,9 +673,15 @@ class Simulation:
         late = srv.alive & (srv.ready_at > t0)
         if not late.any():
             return None
+        first = self._first_ready_times()
+        self.tick_scraped[(first > t0) & np.isfinite(first)] = False
+        return first
+
+    def _first_ready_times(self) -> np.ndarray:
+        """Per function, when its first live replica is (or was) ready; inf for one with none."""
+        srv = self.servers
         first = np.full(len(self.profiles), np.inf)
         np.minimum.at(first, srv.fid[srv.alive], srv.ready_at[srv.alive])
-        self.tick_scraped[(first > t0) & np.isfinite(first)] = False
         return first
 
     def _expire_held(self, now: float) -> None:
@@ -716,8 +722,8 @@ class Simulation:
         # in flight from when the gateway sends it on (the activator's hop counts: it reports the
         # requests it proxies); a request held for a cold start is in flight once a replica is ready
         sent = a - hop_of if first_ready is None else np.maximum(a - hop_of, first_ready[f])
-        if first_ready is not None and self.config.batcher == "exact":
-            a, f, hop_of, sent = released_one_by_one(a, f, hop_of, sent)
+        if self.config.batcher == "exact":  # shoal up's gateway sends what it held on one by one
+            a, f, hop_of, sent = released_one_by_one(a, f, hop_of, sent, self._first_ready_times())
         order = np.argsort(f, kind="stable")
         a, f, hop_of, sent = a[order], f[order], hop_of[order], sent[order]
         n_f = np.bincount(f, minlength=len(self.profiles))
@@ -1533,33 +1539,35 @@ def oracle_counts(trace: Trace, profiles: list[Profile], tick_s: float,
 RELEASE_GAP_S = 1e-6  # between two held requests' sends: after one another, no measured length
 
 
-def released_one_by_one(a: np.ndarray, f: np.ndarray, hop_of: np.ndarray, sent: np.ndarray):
-    """Requests held for a cold start (sent later than they came: `sent` > `a` - `hop_of`), as
-    shoal up's gateway releases them: when the replica is ready it wakes them in the order they
-    came, and each is sent on by itself (serving/gateway.py), so they reach the replica one after
-    another, RELEASE_GAP_S apart, and an idle replica's batcher (no queue delay) runs the first
-    alone; the rest queue behind it. Live, the first batch after each cold start held 1, 2, 4 and
-    1 of 12 held requests in four runs (docs/simlive.md), where sending them all at one instant
-    would make it a full batch. Each held request's wait counts as its hop (`hop_of`: its latency
-    still counts from when it came); returns (a, f, hop_of, sent) in the order they reach a
-    replica. E.g. 3 held from 0.1, 0.2, 0.3 s, the replica ready at 0.5 s: sent at 0.5, 0.500001
-    and 0.500002 s."""
-    held = sent > a - hop_of + 1e-12
+def released_one_by_one(a: np.ndarray, f: np.ndarray, hop_of: np.ndarray, sent: np.ndarray,
+                        first: np.ndarray):
+    """Requests held for a cold start (those that came before their function's first replica was
+    ready, at `first`), as shoal up's gateway releases them: when the replica is ready it wakes
+    them in the order they came, and each is sent on by itself (serving/gateway.py), so they
+    reach the replica one after another, RELEASE_GAP_S apart, and an idle replica's batcher (no
+    queue delay) runs the first alone; the rest queue behind it. Live, the first batch after the
+    cold start held 1, 2, 4 and 1 of 12 held requests in four runs (sl15c-sl15f,
+    docs/simlive.md), where sending them all at one instant would make it a full batch. Each held
+    request's wait counts as its hop (`hop_of`: its latency still counts from when it came, `a` -
+    `hop_of`), and it is in flight from its send (`sent`). Returns (a, f, hop_of, sent) in the
+    order they reach a replica. E.g. 3 held from 0.1, 0.2, 0.3 s, the replica ready at 0.5 s:
+    sent at 0.5, 0.500001 and 0.500002 s. A replica ready exactly at a tick's start holds the
+    requests before it as one ready within the tick does."""
+    came = a - hop_of
+    held = came < first[f]  # a function with no live replica has its requests held elsewhere (inf)
     if not held.any():
         return a, f, hop_of, sent
     idx = np.flatnonzero(held)
-    idx = idx[np.lexsort((a[idx], f[idx]))]
+    idx = idx[np.lexsort((came[idx], f[idx]))]
     fh = f[idx]
     starts = np.r_[0, np.flatnonzero(fh[1:] != fh[:-1]) + 1]
     rank = np.arange(len(idx)) - np.repeat(starts, np.diff(np.r_[starts, len(idx)]))
-    arrival = a[idx] - hop_of[idx]
     sent = sent.copy()
-    sent[idx] = sent[idx] + rank * RELEASE_GAP_S
-    new_a = sent[idx] + hop_of[idx]
-    hop_of = hop_of.copy()
-    hop_of[idx] = new_a - arrival
+    sent[idx] = first[fh] + rank * RELEASE_GAP_S
     a = a.copy()
-    a[idx] = new_a
+    a[idx] = sent[idx] + hop_of[idx]
+    hop_of = hop_of.copy()
+    hop_of[idx] = a[idx] - came[idx]
     by_time = np.argsort(a, kind="stable")
     return a[by_time], f[by_time], hop_of[by_time], sent[by_time]
 

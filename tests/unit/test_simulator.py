@@ -361,11 +361,13 @@ def test_exact_batcher_leaves_each_replica_busy_until_its_last_batch_ends():
     assert latency[0] == pytest.approx(0.0028571 + 0.04, abs=1e-6) and rows.tolist() == [1]
 
 
-def test_requests_held_for_a_cold_start_reach_the_replica_one_by_one():
+@pytest.mark.parametrize("t0", [0.0, 0.5], ids=["ready-within-the-tick", "ready-at-the-tick-s-start"])
+def test_requests_held_for_a_cold_start_reach_the_replica_one_by_one(t0):
     """As shoal up's gateway releases them (released_one_by_one): 9 held from 0.1-0.3 s, the
     replica ready at 0.5 s. The first runs alone (40 ms, to 0.54 s), the other 8 reach it just
     after and run as one batch from 0.54 s (120 ms, to 0.66 s). Sent all at 0.5 s they would run
-    8 (to 0.62 s) and then 1 (to 0.66 s). Latency counts from when each came."""
+    8 (to 0.62 s) and then 1 (to 0.66 s). Latency counts from when each came. The same when the
+    tick begins at the ready time (the held ones served in the tick after it)."""
 
     class RanAndRecorded(Ran, Recording):
         pass
@@ -375,7 +377,7 @@ def test_requests_held_for_a_cold_start_reach_the_replica_one_by_one():
     slot = sim.slots[0][0]
     sim.servers.ready_at[slot] = sim.servers.free[slot] = 0.5
     came = 0.1 + np.arange(9) * 0.025
-    sim._serve(came, np.zeros(9, np.int64), 0.0, 1.0, 1.0)
+    sim._serve(came, np.zeros(9, np.int64), t0, t0 + 1.0, t0 + 1.0)
     ran = sorted(sim.ran)  # (reached the replica, latency from then, rows)
     assert [rows for _, _, rows in ran] == [1] + [8] * 8
     np.testing.assert_allclose([a + lat for a, lat, _ in ran], [0.54] + [0.66] * 8, atol=1e-5)
@@ -384,15 +386,27 @@ def test_requests_held_for_a_cold_start_reach_the_replica_one_by_one():
     np.testing.assert_allclose(sorted(sim.latencies), sorted([0.44] + (0.66 - came[1:]).tolist()), atol=1e-5)
 
 
-def test_released_one_by_one_moves_only_the_held_requests():
-    """Two held (came 0.1 and 0.2 s, sent at 0.5 s) go one after the other; one sent on arrival
-    (0.6 s) stays; each held one's wait becomes its hop."""
-    a, f = np.array([0.1, 0.2, 0.6]), np.zeros(3, np.int64)
-    a2, f2, hop2, sent2 = released_one_by_one(a, f, np.zeros(3), np.array([0.5, 0.5, 0.6]))
-    np.testing.assert_allclose(sent2, [0.5, 0.5 + RELEASE_GAP_S, 0.6])
-    np.testing.assert_allclose(a2, sent2)
-    np.testing.assert_allclose(hop2, [0.4, 0.3 + RELEASE_GAP_S, 0.0])
-    assert f2.tolist() == [0, 0, 0]
+RELEASE_CASES = [
+    # id, came (s), function, hop (s), first ready per function, expected sends
+    # two held (0.1, 0.2) go on from 0.5 s one after the other; one that came after (0.6) as it came
+    ("held-then-not", (0.1, 0.2, 0.6), (0, 0, 0), (0.0, 0.0, 0.0), (0.5,), (0.5, 0.5 + RELEASE_GAP_S, 0.6)),
+    # per function, from its own first ready (function 0 at 0.4 s, 1 at 0.25 s), one that came
+    # after it (0.45) as it came; a hop (the activator's) still comes after the send
+    ("two-functions", (0.1, 0.15, 0.2, 0.45), (1, 0, 1, 0), (0.01,) * 4, (0.4, 0.25),
+     (0.25, 0.4, 0.25 + RELEASE_GAP_S, 0.45)),
+    # a replica ready exactly at the tick's start (1.0) holds what came before it
+    ("ready-at-the-tick", (0.9, 0.95, 1.0), (0, 0, 0), (0.0,) * 3, (1.0,), (1.0, 1.0 + RELEASE_GAP_S, 1.0)),
+]
+
+
+@pytest.mark.parametrize("came,fids,hop,first,sends", [c[1:] for c in RELEASE_CASES], ids=[c[0] for c in RELEASE_CASES])
+def test_released_one_by_one_sends_held_requests_in_order(came, fids, hop, first, sends):
+    came, f, hop = np.array(came), np.array(fids, np.int64), np.array(hop)
+    a, _, hop2, sent = released_one_by_one(came + hop, f, hop, came.copy(), np.array(first))
+    assert np.all(np.diff(a) >= 0)  # in the order they reach a replica
+    got = dict(zip(np.round(a - hop2, 9).tolist(), sent.tolist()))  # each still counts from when it came
+    np.testing.assert_allclose([got[round(c, 9)] for c in came.tolist()], sends)
+    np.testing.assert_allclose(a, sent + hop[0])  # the hop (one length per case) after the send
 
 
 class Ran(Simulation):
