@@ -114,8 +114,9 @@ class SimConfig:
     # batch, the size that keeps the replica at most BATCH_FILL busy, grown for requests queued
     # behind others: an idealized batcher); "exact", shoal up's own batcher with no queue delay
     # (serving/batch_loop.py: when a replica frees it runs what is queued, up to its largest batch),
-    # behind shoal up's gateway, which sends requests held for a cold start on one by one
-    # (released_one_by_one)
+    # behind a gateway that sends requests held for a cold start on one by one
+    # (released_one_by_one): shoal up's does, as do Knative's activator and Ray Serve's router,
+    # each forwarding a held request by itself once a replica can take it
     batcher: str = "rule"
 
     def __post_init__(self) -> None:
@@ -664,7 +665,8 @@ class Simulation:
 
     def _first_ready(self, t0: float) -> np.ndarray | None:
         """Per function, when its first replica is ready: the gateway holds the tick's requests
-        (and those held before) until then, and sends them to a replica at max(arrival, it);
+        (and those held before) until then, and sends them to a replica at max(arrival, it) (by
+        the exact batcher one by one: released_one_by_one);
         None when every function serving in the tick had a replica ready at its start. A
         function whose first replica is ready inside the tick is marked unscraped for it: live,
         a replica's first scrape comes at the first look after it is ready, so what it did

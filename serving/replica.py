@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="1/4", help="share of the device: '1/4', or '1/4:2048' with a memory budget in MiB")
     p.add_argument("--profile-slice",
                    help="an emulated profile's: the slice its latencies hold on, the function's deployed one "
-                        "(default: --slice); on a smaller --slice they run longer by the ratio (1/4 on 1/8: 2x)")
+                        "(default: --slice); on another --slice they run in proportion (1/4 on 1/8: twice "
+                        "as long; on 1/2: half). Other models ignore it")
     p.add_argument("--device", default="auto", help="cpu, gpu:N or emulated:N (auto: gpu:0 when a GPU is visible)")
     p.add_argument("--cpus", help="CPU affinity, e.g. '0-1' (default: not pinned)")
     p.add_argument("--max-batch-size", type=int, default=batching.max_batch_size)

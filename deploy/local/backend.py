@@ -103,7 +103,8 @@ def replica_argv(spec: FunctionSpec, placement: Placement, artifact: Path, host:
         argv += ["--request-timeout-s", f"{spec.timeout_s:g}"]
     if spec.batching.preferred_batch_sizes:
         argv += ["--preferred-batch-sizes", ",".join(map(str, spec.batching.preferred_batch_sizes))]
-    if f != spec.slice.fraction:  # resized: an emulated profile's latencies hold on the deployed slice
+    # resized: an emulated profile's latencies hold on the deployed slice (other models ignore it)
+    if f != spec.slice.fraction:
         argv += ["--profile-slice", spec.slice.name]
     if placement.cpus:
         argv += ["--cpus", ",".join(map(str, placement.cpus))]
