@@ -49,10 +49,19 @@ def shoal_namespace(cluster, ns: str) -> dict[str, list[dict]]:
     return {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "Role"}
 
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, never one handed out before in this process: the kernel may give a
+    just-closed port again, and once the gateway and Prometheus of one test got the same one."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @dataclass
