@@ -725,7 +725,8 @@ class Simulation:
         # requests it proxies); a request held for a cold start is in flight once a replica is ready
         sent = a - hop_of if first_ready is None else np.maximum(a - hop_of, first_ready[f])
         if self.config.batcher == "exact":  # shoal up's gateway sends what it held on one by one
-            a, f, hop_of, sent = released_one_by_one(a, f, hop_of, sent, self._first_ready_times())
+            first = first_ready if first_ready is not None else self._first_ready_times()
+            a, f, hop_of, sent = released_one_by_one(a, f, hop_of, sent, first)
         order = np.argsort(f, kind="stable")
         a, f, hop_of, sent = a[order], f[order], hop_of[order], sent[order]
         n_f = np.bincount(f, minlength=len(self.profiles))
