@@ -843,11 +843,12 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     """Hot replicas the count cannot relieve (the decision at max_replicas) ask for twice the
     slice; with room, more replicas of the same slice carry the load, and a new slice's batch
     latencies would be only the old ones rescaled until learned again. A lone idle replica
-    whose p95 would still meet the SLO at twice the service time, and which one replica of
-    half the slice could still carry (the kept needs' largest and the largest recent rise,
-    decayed, at most half a replica), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice
-    at max_replicas -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at
-    most 0.1 -> 1/8.
+    whose p95 would still meet the SLO at twice the service time, which one replica of half
+    the slice could still carry (the kept needs' largest and the largest recent rise, decayed,
+    at most half a replica), and whose half slice would not cost more per request under load
+    (_half_serves_as_much), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice at
+    max_replicas -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at most
+    0.1 -> 1/8.
     `state` holds this snapshot's duty sample already (decide() records it)."""
     current_slice = snapshot.slice_fraction
     if not config.slice_hints or current_slice is None or state.duty_avg is None or snapshot.ready == 0:
@@ -864,7 +865,7 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if (state.duty_avg <= config.slice_cold_duty and snapshot.ready == 1 and snapshot.p95_s is not None
             and snapshot.p95_s * 2 <= slo_target_s and current_slice / 2 >= config.min_slice - EPS
             and 2.0 * max(window_max(state.needs, now, config.kept_s), _decayed(state.rise, state.rise_at, now, config))
-            <= 1.0):
+            <= 1.0 and _half_serves_as_much(snapshot.batch_latency_s, batch_budget_s(spec, config))):
         wanted = current_slice / 2
     if wanted is None:
         return decision, state
@@ -873,6 +874,23 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if decision.reason in ("STABLE", "HOLD"):
         hinted = hinted._replace(reason="SLICE")
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+
+
+def _half_serves_as_much(latency: tuple[tuple[float, float], ...], budget_s: float) -> bool:
+    """Whether half the slice serves at least half the requests per second at its full batch
+    within the batch budget, its batches taking twice as long (the speed the slice hint
+    assumes): then it costs no more slice-seconds per request under load. Where the budget caps
+    the batch at half speed it does not, and a function that bursts again pays for the idle
+    slice-seconds it saved many times over. Unknown or unbatched (fewer than two sizes known):
+    the rows stay and the time doubles, so it does. E.g. the code profile (40 ms at 1, 120 ms
+    at 8; budget 80 ms): 4 rows in 74.3 ms = 53.8/s on 1/4; at half speed 80 ms at 1 = 12.5/s
+    on 1/8, under 53.8 / 2 = 26.9: no. ((1, .004), (8, .006)) within 40 ms: 8 in 6 ms and 8 in
+    12 ms, 1,333/s and 667/s: yes."""
+    whole = full_batch(latency, budget_s)
+    half = full_batch(tuple((rows, 2.0 * seconds) for rows, seconds in latency), budget_s)
+    if whole is None or half is None:
+        return True
+    return half[0] / half[1] >= whole[0] / whole[1] / 2.0 * (1.0 - EPS)
 
 
 class Budget(Record):

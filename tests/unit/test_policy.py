@@ -60,13 +60,13 @@ COVERS_NO_TREND = PolicyConfig(trend_window_s=31.0, trend_max_boost=1.0, concurr
 
 
 def snap(ready=0, starting=0, inflight=0.0, held=0, duty=None, rps=0.0, p95=None, cold=2.0,
-         slice_=None, service=None, at=0.0) -> MetricsSnapshot:
+         slice_=None, service=None, at=0.0, batch=()) -> MetricsSnapshot:
     """duty defaults to 0.0 on each ready replica (a scrape has been seen)."""
     if duty is None:
         duty = (0.0,) * ready
     return MetricsSnapshot("f", at, ready=ready, starting=starting, inflight=float(inflight),
                            activator_queue=held, duty=tuple(duty), rps=rps, p95_s=p95,
-                           cold_start_s=cold, slice_fraction=slice_, service_s=service)
+                           cold_start_s=cold, slice_fraction=slice_, service_s=service, batch_latency_s=batch)
 
 
 def run(load, until, spec=SPEC, config=CFG, state=None, start=0):
@@ -547,6 +547,14 @@ SLICE_CASES = [
     ("cold-but-a-need-over-half", SPEC, CFG, {**COLD, "inflight": 3.0}, None, "STABLE"),
     ("cold-but-two-replicas", ScalingSpec(min_replicas=2), CFG, {**COLD, "ready": 2, "duty": (0.05, 0.05)},
      None, "STABLE"),  # only a lone replica shrinks; min 2 keeps it STABLE
+    # the batch budget is 40 ms (SLO 100 x 80 % x 1/2). 10 ms at 1, 40 ms at 8: 8 rows in 40 ms,
+    # 200/s; at half speed 20 ms and 80 ms: 1 + (40 - 20) / (80 - 20) x 7 = 3.33 -> 3 rows in
+    # 37.1 ms, 80.8/s, under 200 / 2 = 100: half the slice would cost more per request
+    ("cold-but-half-costs-more", SPEC, CFG, {**COLD, "batch": ((1, .010), (8, .040))}, None, "STABLE"),
+    # 4 ms at 1, 6 ms at 8: 8 rows in 6 ms and, at half speed, in 12 ms: 1,333/s and 667/s
+    ("cold-half-serves-as-much", SPEC, CFG, {**COLD, "batch": ((1, .004), (8, .006))}, 0.125, "SLICE"),
+    # 20 ms at 1, 30 ms at 2: 2 rows in 30 ms (66.7/s); half: 40 ms at 1 (25/s), under 33.3
+    ("cold-but-half-loses-the-batch", SPEC, CFG, {**COLD, "batch": ((1, .020), (2, .030))}, None, "STABLE"),
     ("middling-duty", CAPPED, CFG, {**HOT, "duty": (0.5, 0.5)}, None, "STABLE"),
     ("no-slice-in-snapshot", CAPPED, CFG, {**HOT, "slice_": None}, None, "STABLE"),
 ]
