@@ -128,6 +128,8 @@ class Memory:
     policy: dict[str, Any] = field(default_factory=dict)  # the policy's state, per function
     batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
     cold: ColdStarts = field(default_factory=ColdStarts)
+    # when each function first had its initial_replicas ready at once: from then on its policy decides
+    initialized: dict[str, float] = field(default_factory=dict)
 
     def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None) -> BatchTable:
         """The function's batch latencies after this window; a table learned on another slice
@@ -141,13 +143,13 @@ class Memory:
         return table
 
     def keep_only(self, names: set[str]) -> None:
-        forget_others(names, self.policy, self.batch)
+        forget_others(names, self.policy, self.batch, self.initialized)
         self.cold.keep_only(names)
 
     def clear(self) -> None:
         self.policy.clear()
         self.batch.clear()
-        self.cold.clear()
+        self.cold.clear()  # `initialized` is no window: a leader again does not raise a function anew
 
 
 def on_slice(table: BatchTable, learned_on: float, slice_fraction: float) -> BatchTable:
@@ -262,12 +264,34 @@ class Loop:
         if state is None:
             state = self.policy.initial(spec.scaling, fleet.ready, now)
         decision, self.memory.policy[name] = self.policy.decide(snapshot, spec.scaling, state, now)
+        decision = self._initial_scale(name, spec.scaling, fleet, decision, now)
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
         self.looked_at[name] = now
         return Target(spec, revision, decision.desired, decision,
                       self.policy.keep_alive_s(self.memory.policy[name], spec.scaling))
+
+    def _initial_scale(self, name: str, scaling: ScalingSpec, fleet: Fleet, decision: ScaleDecision,
+                       now: float) -> ScaleDecision:
+        """A new function is raised to its initial_replicas and held there until that many are
+        ready at once; from then on the policy's decision stands (Knative's initial-scale: the
+        revision reaches it before it is Ready, then autoscales). The policy's keep-alive counts
+        from its first look (policy._activity), so replicas no request comes for go as an idle
+        function's do. E.g. initial 1: deploy at t = 0, a look at 0 asks 1 (the policy 0), ready
+        at 2.5 s; no request, idle_to_zero_s 60: to zero at the look at 60 s. Kept per process:
+        a controller started again (shoal up's restart, another leader's pod) raises a function
+        it has not seen ready once more, at most a keep-alive of idle replicas."""
+        want = scaling.initial_replicas
+        if want == 0 or name in self.memory.initialized:
+            return decision
+        if fleet.ready >= want:
+            self.memory.initialized[name] = now
+            return decision
+        if decision.desired >= want:
+            return decision
+        return decision._replace(desired=want, reason="INITIAL",
+                                 detail=f"initial scale {want}: {fleet.ready} ready, {fleet.starting} starting")
 
     def explain(self, name: str) -> dict[str, float]:
         """The policy's numbers behind `name`'s last decision (Policy.explain), at that look's

@@ -98,8 +98,10 @@ class Shoal:
                min_replicas: int | None = None, max_replicas: int | None = None, slo_ms: float = 100.0,
                batch: int = 1, batch_delay_ms: float = 0.0, trust: bool = False, loader: str | None = None,
                idle_to_zero_s: float = 60.0, target_concurrency: float = 4.0, wait: bool = False,
-               progress: Progress | None = None, timeout_s: float | None = None) -> dict[str, Any]:
-        """Upload and register a function; with wait=True, also start its first replica."""
+               progress: Progress | None = None, timeout_s: float | None = None,
+               initial_replicas: int = 0) -> dict[str, Any]:
+        """Upload and register a function; with wait=True, also start its first replica
+        (initial_replicas: the autoscaler starts that many at once, as Knative's initial-scale)."""
         from functions.nuclio import prepare
 
         path = Path(artifact)
@@ -110,6 +112,7 @@ class Shoal:
             "min_replicas": min_replicas if min_replicas is not None else prepared.hints.get("min_replicas", 0),
             "max_replicas": max_replicas if max_replicas is not None else prepared.hints.get("max_replicas", 8),
             "slo_p95_ms": slo_ms, "idle_to_zero_s": idle_to_zero_s, "target_concurrency": target_concurrency,
+            "initial_replicas": initial_replicas,
         }
         spec = {"artifact": ref, "slice": slice, "trust": trust, "loader": loader, "scaling": scaling,
                 "batching": {"max_batch_size": batch, "max_queue_delay_ms": batch_delay_ms}}

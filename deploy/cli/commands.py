@@ -46,6 +46,9 @@ def deploy(argv: list[str]) -> int:
     p.add_argument("--slice", default="1/4", help="share of a device, e.g. 1/4 or 1/2:4096 (MiB)")
     p.add_argument("--min", type=int, dest="min_replicas")
     p.add_argument("--max", type=int, dest="max_replicas")
+    p.add_argument("--initial", type=int, default=0, dest="initial_replicas",
+                   help="replicas started at once and held until ready, the autoscaler deciding from then on "
+                        "(Knative's initial-scale; default 0: the first request starts one)")
     p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--batch", type=int, default=1, help="max batch size (1: no batching; batching is opt-in)")
     p.add_argument("--batch-delay-ms", type=float, default=0.0)
@@ -66,7 +69,7 @@ def deploy(argv: list[str]) -> int:
             args.artifact, args.name, slice=args.slice, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
             slo_ms=args.slo_ms, batch=args.batch, batch_delay_ms=args.batch_delay_ms, trust=args.trust,
             loader=args.loader, idle_to_zero_s=args.idle_to_zero_s, target_concurrency=args.target_concurrency,
-            wait=args.wait, progress=_progress, timeout_s=args.timeout_s,
+            wait=args.wait, progress=_progress, timeout_s=args.timeout_s, initial_replicas=args.initial_replicas,
         )
         name = function["name"]
         print(f"deployed {name} revision {function['revision']}  {client.url}{function['endpoints']['v2']}")

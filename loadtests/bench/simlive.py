@@ -172,19 +172,24 @@ def read_window(window: Window):
     return make_trace("csv", path=str(window.path), seconds=window.duration_s)
 
 
-def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE) -> dict[str, Any]:
+def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE, initial: int = 0) -> dict[str, Any]:
     """A fresh `shoal up --policy` on emulated devices with one function of `profile`, left at
-    zero, then the window through `shoal loadtest csv --from-zero`; its summary.json's numbers."""
+    zero, then the window through `shoal loadtest csv --from-zero`; its summary.json's numbers.
+    `initial` > 0: deployed with that many initial replicas (Knative's initial-scale), the load
+    begun once they are ready."""
     from loadtests import manyfunctions, runner
 
     state = out.parent / f"{out.name}-state"
     proc, url = manyfunctions.start_up(state, DEVICES, True, TICK_S,
                                        ("--policy", policy, "--hold-timeout-s", f"{HOLD_TIMEOUT_S:g}"))
     try:
-        deploy(url, runner._read_token(str(state)), profile)
+        token = runner._read_token(str(state))
+        deploy(url, token, profile, initial)
+        if initial:
+            wait_ready(url, token, initial)
         argv = ["csv", "--function", FUNCTION, "--trace", str(window.path), "--duration", f"{window.duration_s:g}",
-                "--from-zero", "--url", url, "--state-dir", str(state), "--out", str(out), "--quiet",
-                "--title", f"sim against live: {policy} (emulated devices)"]
+                *(() if initial else ("--from-zero",)), "--url", url, "--state-dir", str(state), "--out", str(out),
+                "--quiet", "--title", f"sim against live: {policy} (emulated devices)"]
         code = runner.main(argv)
     finally:
         manyfunctions.stop_up(proc)
@@ -193,15 +198,17 @@ def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE) ->
     return live_numbers(json.loads((out / "summary.json").read_text()))
 
 
-def deploy(url: str, token: str | None, profile: Path) -> None:
+def deploy(url: str, token: str | None, profile: Path, initial: int = 0) -> None:
     """Upload the profile and register the function over the control API, none started (as
-    `shoal deploy` without --wait): the spec the simulator's Profile.spec() reads, batching as
-    the profile allows (its largest profiled batch), no queue delay."""
+    `shoal deploy` without --wait) but its `initial` replicas: the spec the simulator's
+    Profile.spec() reads, batching as the profile allows (its largest profiled batch), no queue
+    delay."""
     import httpx
 
     spec = {"slice": SLICE, "loader": "profile",
             "scaling": {"min_replicas": 0, "max_replicas": MAX_REPLICAS, "slo_p95_ms": SLO_MS,
-                        "idle_to_zero_s": IDLE_TO_ZERO_S, "target_concurrency": TARGET_CONCURRENCY},
+                        "idle_to_zero_s": IDLE_TO_ZERO_S, "target_concurrency": TARGET_CONCURRENCY,
+                        "initial_replicas": initial},
             "batching": {"max_batch_size": sim_profile(profile, 0.0).max_batch, "max_queue_delay_ms": 0.0}}
     headers = {"authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=url, headers=headers, timeout=60.0) as http:
@@ -211,6 +218,24 @@ def deploy(url: str, token: str | None, profile: Path) -> None:
         r = http.put(f"/api/v1/functions/{FUNCTION}", json={**spec, "artifact": r.json()["ref"]})
         if r.status_code >= 400:
             raise ValueError(f"deploy {FUNCTION}: {r.status_code} {r.text[:300]}")
+
+
+def wait_ready(url: str, token: str | None, replicas: int, timeout_s: float = 120.0) -> None:
+    """Until the function has `replicas` ready (its initial scale), by `shoal status`'s API."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, headers=headers, timeout=30.0) as http:
+        while True:
+            r = http.get("/api/v1/status")
+            if r.status_code >= 400:
+                raise ValueError(f"status: {r.status_code} {r.text[:300]}")
+            if r.json()["functions"].get(FUNCTION, {}).get("ready", 0) >= replicas:
+                return
+            if time.monotonic() > deadline:
+                raise ValueError(f"{FUNCTION}: {replicas} initial replica(s) not ready in {timeout_s:g} s")
+            time.sleep(0.2)
 
 
 def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
@@ -277,7 +302,7 @@ def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) ->
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
             phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S,
-            path_s: float = REQUEST_PATH_S) -> dict[str, Any]:
+            path_s: float = REQUEST_PATH_S, initial: int = 0) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
     live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
@@ -287,7 +312,8 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     live ticks at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals
     0.15 s later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch
     takes `overhead_s` more than the profile says (sim_profile), and each request `path_s` more
-    on its way (LiveDataPath)."""
+    on its way (LiveDataPath). `initial` > 0: the function starts with that many replicas ready
+    (live, the load begins once its initial replicas are ready), else at zero."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
@@ -299,7 +325,8 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     if late:
         trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
                       {**trace.params, "late_s": late}, trace.rates)
-    return live_data_path(path_s)(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config, None).run()
+    return live_data_path(path_s)(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config,
+                                  {0: initial} if initial else None).run()
 
 
 def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S, min_ticks: int = 20,
@@ -431,13 +458,16 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
              + (f" --overhead-ms {args.overhead_ms:g}" if args.overhead_ms != SERVING_OVERHEAD_S * 1000.0 else "")
              + (f" --path-ms {args.path_ms:g}" if args.path_ms != REQUEST_PATH_S * 1000.0 else "")
              + (f" --phases {args.phases}" if args.phases else "")
+             + (f" --initial {args.initial}" if args.initial else "")
              + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
                      f"{PROFILE.relative_to(ROOT)} --name {FUNCTION} --slice {SLICE} --min 0 --max {MAX_REPLICAS} "
+                     + (f"--initial {args.initial} " if args.initial else "") +
                      f"--slo-ms {SLO_MS:g} --batch {sim_profile(PROFILE, 0.0).max_batch} --target-concurrency {TARGET_CONCURRENCY:g}; "
                      f"shoal loadtest csv --function {FUNCTION} --trace {window.path} --duration "
-                     f"{window.duration_s:g} --from-zero")
+                     f"{window.duration_s:g}" + (" (once its initial replicas are ready)" if args.initial
+                                                  else " --from-zero"))
         lines.append(f"  sim {p}: simlive.sim_run: autoscaler.simulator.Simulation of {p} on shoal up's data path "
                      f"(no activator hop, no max_ongoing cap), the same window, profile, slice {SLICE}, SLO "
                      f"{SLO_MS:g} ms, 1 device of 80 GiB, shoal up's batcher (no queue delay), the live "
@@ -445,7 +475,8 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
                      f"batch {args.overhead_ms:g} ms over the profile (the serving stack's, measured), "
                      f"each request {args.path_ms:g} ms on its way (the request path's, measured), "
                      f"hold timeout {HOLD_TIMEOUT_S:g} s, "
-                     f"start cold, no warm-up, the cold start measured live (median)")
+                     + (f"{args.initial} replica(s) ready at the start" if args.initial else "start cold")
+                     + ", no warm-up, the cold start measured live (median)")
     return lines
 
 
@@ -475,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also simulate each policy at this many tick phases 0, 1/N, ... (the live run's cold "
                         "start and tick) and print the spread: the simulator's own, against which a live "
                         "run is one draw (default 0: none)")
+    p.add_argument("--initial", type=int, default=0,
+                   help="deploy with this many initial replicas (Knative's initial-scale) and begin the load "
+                        "once they are ready; the simulator starts with them ready (default 0: from zero)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     return p
 
@@ -506,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not args.policies:
         print(f"simlive: --policies {unknown or '(none)'}: allowed {', '.join(POLICIES)}", file=sys.stderr)
         return 2
+    if args.initial < 0:
+        print(f"simlive: --initial ({args.initial}) must be 0 or more", file=sys.stderr)
+        return 2
     if args.phases < 0:
         print(f"simlive: --phases ({args.phases}) must be 0 or more", file=sys.stderr)
         return 2
@@ -528,12 +565,15 @@ def main(argv: list[str] | None = None) -> int:
                                      f"({args.minutes:g} min from minute {args.start_minute:g}) has "
                                      f"{window.requests}: not the window it ran")
             else:
-                live = live_run(policy, window, folder)
+                live = live_run(policy, window, folder, initial=args.initial)
             if live["cold_start_s"] is None:
-                raise ValueError(f"{policy}: no replica started live, so no cold start was measured")
+                raise ValueError(f"{policy}: no replica started live during the load"
+                                 + (" (its initial replicas started before it)" if args.initial else "")
+                                 + ", so no cold start was measured")
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
-            run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0}
+            run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
+                   "initial": args.initial}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
             path = live_path_s(folder, args.overhead_ms / 1000.0)

@@ -200,6 +200,26 @@ def test_cli_commands(plane, digits):
     assert missing.returncode == 1 and "not found" in missing.stderr
 
 
+def test_initial_replicas_start_at_deploy_without_a_request_and_go_when_idle(plane, digits_onnx):
+    """`shoal deploy --initial 1`: a replica starts with no request sent (the event says
+    INITIAL), and with none sent it goes after the keep-alive (idle_to_zero_s 10, counted from
+    the controller's first look at the function), as any idle replica."""
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "deploy", str(digits_onnx), "--name", "early",
+                          "--initial", "1", "--idle-to-zero-s", "10", "--url", plane.url,
+                          "--state-dir", str(plane.state_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    with plane.client() as client:
+        try:
+            wait_for(lambda: ready_count(client, "early") == 1, 60, "the initial replica ready")
+            scale = [e for e in client.events("early") if e["kind"] == "scale"]
+            assert scale and scale[0]["data"]["reason"] == "INITIAL" and scale[0]["data"]["to"] == 1
+            wait_for(lambda: ready_count(client, "early") == 0 and not client.status()["functions"]["early"]["starting"],
+                     60, "the unused initial replica gone")
+            assert [e["data"]["reason"] for e in client.events("early") if e["kind"] == "scale"][-1] == "TO_ZERO"
+        finally:
+            client.delete("early")
+
+
 def test_restart_keeps_functions(tmp_path, digits_onnx):
     state = tmp_path / "state"
     first = start_plane(state)

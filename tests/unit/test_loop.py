@@ -47,8 +47,11 @@ class Clock:
 class _Functions:
     broken = frozenset()
 
+    def __init__(self, spec: dict = SPEC) -> None:
+        self.spec = spec
+
     def functions(self):
-        return {"digits": (spec_from_dict(SPEC), 1)}
+        return {"digits": (spec_from_dict(self.spec), 1)}
 
 
 class _Backend:
@@ -89,6 +92,12 @@ class _Gateway:
     def forget(self, function):
         pass
 
+    async def drain_endpoint(self, function, replica, timeout_s):
+        return True  # nothing in flight to wait for
+
+    def remove_endpoint(self, function, replica):
+        pass
+
     def latencies(self):
         return {}
 
@@ -106,10 +115,10 @@ class _Scraper:
 class Local:
     """shoal up: the loop `ControlPlane` runs, ticked as `Loop.run` ticks it."""
 
-    def __init__(self, policy: Policy = Shoal()) -> None:
+    def __init__(self, policy: Policy = Shoal(), spec: dict = SPEC) -> None:
         self.clock, self.gateway, self.events, self.registry = Clock(), _Gateway(), [], CollectorRegistry()
         cpus = [Device(f"cpu:{i}", "cpu", 16384, cpus=(2 * i, 2 * i + 1)) for i in range(2)]  # 8 slices of 1/4
-        self.loop = control_loop(_Functions(), _Backend(), self.gateway, Inventory(tuple(cpus)),
+        self.loop = control_loop(_Functions(spec), _Backend(), self.gateway, Inventory(tuple(cpus)),
                                  _Scraper(self.clock, self.gateway),
                                  lambda *a, **k: self.events.append((*a, k)), self.registry,
                                  ControllerConfig(), policy)
@@ -142,9 +151,9 @@ class Local:
 class Kubernetes:
     """shoal controller: the ClusterController, ticked as its thread ticks it."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec: dict = SPEC) -> None:
         self.clock, self.kube = Clock(), FakeKube()
-        self.kube.create_namespaced_config_map("shoal", ConfigMapFunctions.config_map(SPEC, 1, "shoal"))
+        self.kube.create_namespaced_config_map("shoal", ConfigMapFunctions.config_map(spec, 1, "shoal"))
         self.answers: dict[str, list] = {key: [] for key in cluster_queries()}
         backend = KubernetesBackend(Cluster(), self.kube, self.kube, self.kube, clock=self.clock, identity="a")
         self.ctl = ClusterController(backend, ConfigMapFunctions(self.kube, "shoal"), self._query,
@@ -208,6 +217,60 @@ def test_both_platforms_tick_through_the_one_loop(platform, monkeypatch):
         p.close()
     assert ticks == [T0 + at for (at, _, _), _ in STEPS]
     assert seen == [(expected, expected[1]) for _, expected in STEPS]
+
+
+INITIAL = {**SPEC, "scaling": {**SPEC["scaling"], "initial_replicas": 2}}
+INITIAL_STEPS = [
+    # (seconds since T0, started what was asked before this look) -> (reason, replicas asked for)
+    # the first look: Shoal's policy alone says 0 (nothing held or in flight); the loop asks 2
+    ((0, False), ("INITIAL", 2)),
+    # both ready: the policy decides from now on, and with 2 ready and nothing to do it keeps
+    # them (its keep-alive counts from its first look, at 0: the spec's idle_to_zero_s, 60 s)
+    ((2, True), (None, 2)),
+    # idle 60 s since its first look, never a request: to zero, as any idle function
+    ((60, True), ("TO_ZERO", 0)),
+    # and from zero it stays there: the initial scale was reached once
+    ((70, True), ("TO_ZERO", 0)),
+]
+
+
+@pytest.mark.parametrize("platform", [Local, Kubernetes], ids=["shoal-up", "shoal-controller"])
+def test_initial_replicas_start_at_the_first_look_and_go_when_unused(platform):
+    p = platform(spec=INITIAL)
+    try:
+        seen = []
+        for (at, started), _ in INITIAL_STEPS:
+            if started:
+                p.start_what_was_asked()
+            p.clock.t = T0 + at
+            p.load(0, 0)
+            decision = p.tick()
+            seen.append(((decision.reason, decision.desired), p.replicas()))
+    finally:
+        p.close()
+    assert seen[1][0][0] not in ("INITIAL", "TO_ZERO")  # the policy's own (shoal up's: NO_DATA, one scrape)
+    seen[1] = ((None, seen[1][0][1]), seen[1][1])
+    assert seen == [(expected, expected[1]) for _, expected in INITIAL_STEPS]
+
+
+def test_initial_replicas_are_held_until_ready_whatever_the_policy_says():
+    # Loop._initial_scale against a policy that says 0 at every look: held at 2 (INITIAL) while
+    # fewer than 2 are ready, the policy's 0 once both were ready, and never again after that
+    from functions.spec import ScalingSpec
+
+    p = Local(spec=INITIAL)
+    scaling, zero = ScalingSpec(max_replicas=6, initial_replicas=2), ScaleDecision(0, "TO_ZERO")
+    try:
+        steps = [(Fleet(), 0.0), (Fleet(replicas=2, ready=0), 1.0), (Fleet(replicas=2, ready=1), 2.0),
+                 (Fleet(replicas=2, ready=2), 3.0), (Fleet(), 4.0)]
+        seen = [(d.reason, d.desired) for d in (p.loop._initial_scale("digits", scaling, f, zero, at)
+                                                 for f, at in steps)]
+    finally:
+        p.close()
+    assert seen == [("INITIAL", 2)] * 3 + [("TO_ZERO", 0)] * 2
+    assert p.loop.memory.initialized == {"digits": 3.0}
+    # a policy that asks for more than the initial scale is not held back
+    assert p.loop._initial_scale("other", scaling, Fleet(), ScaleDecision(5, "BURST"), 0.0).desired == 5
 
 
 LEARN_CASES = [

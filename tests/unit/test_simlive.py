@@ -391,3 +391,31 @@ def test_a_negative_phase_count_is_refused(capsys):
 
     assert simlive.main(["--phases", "-1", "--sim-only"]) == 2
     assert "--phases" in capsys.readouterr().err
+
+
+def test_initial_replicas_start_the_simulator_warm(tmp_path):
+    """--initial 1: the simulator's function starts with one replica ready (live, the load
+    begins once the initial replica is), so the window's first requests wait for no cold start
+    (2 s, ten times the 200 ms SLO); from zero both of the first second's miss it."""
+    from loadtests.bench import simlive
+
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text([0.0, 0.3, 5.0]))
+    window = simlive.Window(path, 8.0, 3, "test", 1.0, 1.0)
+    cold = simlive.sim_run("shoal", window, 2.0)
+    warm = simlive.sim_run("shoal", window, 2.0, initial=1)
+    assert cold["served"] == warm["served"] == 3
+    assert cold["slo_attainment"] == pytest.approx(1 / 3) and warm["slo_attainment"] == 1.0
+
+
+def test_initial_replicas_in_the_commands_and_a_negative_count_refused(tmp_path, capsys):
+    from loadtests.bench import simlive
+
+    args = simlive.build_parser().parse_args(["--policies", "shoal", "--initial", "1", "--compress", "1"])
+    args.policies = ["shoal"]
+    window = simlive.Window(tmp_path / "window.csv", 60.0, 3, "test", 1.0, 1.0)
+    lines = simlive.commands(args, window, tmp_path)
+    assert "--initial 1" in lines[0] and "--initial 1 " in lines[1] and "--from-zero" not in lines[1]
+    assert "1 replica(s) ready at the start" in lines[2]
+    assert simlive.main(["--initial", "-1", "--sim-only"]) == 2
+    assert "--initial" in capsys.readouterr().err

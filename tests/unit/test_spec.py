@@ -35,6 +35,8 @@ def test_slice_parse_errors(text, fragment):
         ({"min_replicas": 3, "max_replicas": 2}, "max_replicas (2) must be >= min_replicas (3) and >= 1"),
         ({"target_duty": 1.5}, "target_duty (1.5) must be within (0, 1]"),
         ({"slo_p95_ms": 0}, "slo_p95_ms (0) must be > 0"),
+        ({"initial_replicas": -1}, "initial_replicas (-1) must be within [0, max_replicas (8)]"),
+        ({"initial_replicas": 3, "max_replicas": 2}, "initial_replicas (3) must be within [0, max_replicas (2)]"),
     ],
 )
 def test_scaling_validation_names_values(kwargs, message):
@@ -76,4 +78,5 @@ def test_function_spec_defaults():
         "max_batch_size": 1, "max_queue_delay_ms": 0.0, "preferred_batch_sizes": (), "max_queue_requests": 1024,
     }
     assert defaults["ScalingSpec"]["idle_to_zero_s"] == 60.0
+    assert defaults["ScalingSpec"]["initial_replicas"] == 0  # from zero, as before: the first request starts one
     assert defaults["ServingLimits"] == {"max_body_bytes": 64 * 2**20, "request_timeout_s": 60.0, "graceful_shutdown_s": 30.0}
