@@ -26,6 +26,10 @@ from functions.spec import FunctionSpec, ScalingSpec
 
 log = logging.getLogger("shoal.loop")
 
+# how long a new revision is held at its initial scale at most (Knative's progress deadline, 600 s
+# by default: a revision that is not Ready by then fails; here its policy takes over)
+INITIAL_DEADLINE_S = 600.0
+
 Functions = dict[str, tuple[FunctionSpec, int]]  # name -> (spec, revision)
 BatchTable = tuple[tuple[float, float], ...]  # ((requests per batch, seconds per batch), ...)
 EventSink = Callable[..., None]  # (kind, message, function=None, data=None)
@@ -128,8 +132,9 @@ class Memory:
     policy: dict[str, Any] = field(default_factory=dict)  # the policy's state, per function
     batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
     cold: ColdStarts = field(default_factory=ColdStarts)
-    # when each function first had its initial_replicas ready at once: from then on its policy decides
-    initialized: dict[str, float] = field(default_factory=dict)
+    # per function, (revision, since): the revision whose initial scale is being held since that
+    # look, or was reached or given up (since None): then its policy decides (Loop._initial_scale)
+    initialized: dict[str, tuple[int, float | None]] = field(default_factory=dict)
 
     def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None) -> BatchTable:
         """The function's batch latencies after this window; a table learned on another slice
@@ -261,10 +266,13 @@ class Loop:
         fleet = fleet or Fleet()
         snapshot = self._complete(name, spec, fleet, reading)
         state = self.memory.policy.get(name)
-        if state is None:
-            state = self.policy.initial(spec.scaling, fleet.ready, now)
+        raising = self._raising(name, spec.scaling, revision, fleet, now)
+        if state is None:  # the policy starts as if the initial replicas ran (KPA keeps its scale)
+            state = self.policy.initial(spec.scaling, max(fleet.ready, raising), now)
         decision, self.memory.policy[name] = self.policy.decide(snapshot, spec.scaling, state, now)
-        decision = self._initial_scale(name, spec.scaling, fleet, decision, now)
+        if raising > decision.desired:
+            decision = decision._replace(desired=raising, reason="INITIAL", detail=(
+                f"initial scale {raising}: {fleet.ready} ready, {fleet.starting} starting"))
         self.memory.cold.ask(name, now, decision.desired, fleet.replicas, fleet.ready)
         self.snapshots[name] = snapshot
         self.decisions[name] = result.decisions[name] = decision
@@ -272,26 +280,35 @@ class Loop:
         return Target(spec, revision, decision.desired, decision,
                       self.policy.keep_alive_s(self.memory.policy[name], spec.scaling))
 
-    def _initial_scale(self, name: str, scaling: ScalingSpec, fleet: Fleet, decision: ScaleDecision,
-                       now: float) -> ScaleDecision:
-        """A new function is raised to its initial_replicas and held there until that many are
-        ready at once; from then on the policy's decision stands (Knative's initial-scale: the
-        revision reaches it before it is Ready, then autoscales). The policy's keep-alive counts
-        from its first look (policy._activity), so replicas no request comes for go as an idle
-        function's do. E.g. initial 1: deploy at t = 0, a look at 0 asks 1 (the policy 0), ready
-        at 2.5 s; no request, idle_to_zero_s 60: to zero at the look at 60 s. Kept per process:
-        a controller started again (shoal up's restart, another leader's pod) raises a function
-        it has not seen ready once more, at most a keep-alive of idle replicas."""
+    def _raising(self, name: str, scaling: ScalingSpec, revision: int, fleet: Fleet, now: float) -> int:
+        """The count a new revision is held at: its initial_replicas until that many are ready at
+        once, then 0, the policy's decision standing (Knative's initial-scale, applied per
+        revision: the revision reaches it before it is Ready, then autoscales; Ray Serve's
+        initial_replicas at each deploy). A revision that does not reach it within
+        INITIAL_DEADLINE_S of its first look (no slice, a replica that fails) is given up to its
+        policy, with an event. The policy's keep-alive counts from its first look
+        (policy._activity), so replicas no request comes for go as an idle function's do. E.g.
+        initial 1: deploy at t = 0, a look at 0 asks 1 (the policy 0), ready at 2.5 s; no request,
+        idle_to_zero_s 60: to zero at the look at 60 s. Kept per process: a controller started
+        again (shoal up's restart, another leader's pod) raises a revision it has not seen ready
+        once more, at most a keep-alive of idle replicas."""
         want = scaling.initial_replicas
-        if want == 0 or name in self.memory.initialized:
-            return decision
+        held = self.memory.initialized.get(name)
+        if held is None or held[0] != revision:
+            held = self.memory.initialized[name] = (revision, now if want else None)
+        since = held[1]
+        if since is None:
+            return 0
         if fleet.ready >= want:
-            self.memory.initialized[name] = now
-            return decision
-        if decision.desired >= want:
-            return decision
-        return decision._replace(desired=want, reason="INITIAL",
-                                 detail=f"initial scale {want}: {fleet.ready} ready, {fleet.starting} starting")
+            self.memory.initialized[name] = (revision, None)
+            return 0
+        if now - since >= INITIAL_DEADLINE_S:
+            self.memory.initialized[name] = (revision, None)
+            self.events("initial", f"initial scale {want} not reached in {INITIAL_DEADLINE_S:g} s ({fleet.ready} "
+                                   f"ready): the policy decides from now on", function=name,
+                        data={"initial_replicas": want, "ready": fleet.ready, "revision": revision})
+            return 0
+        return want
 
     def explain(self, name: str) -> dict[str, float]:
         """The policy's numbers behind `name`'s last decision (Policy.explain), at that look's

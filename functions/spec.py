@@ -135,9 +135,10 @@ class ScalingSpec:
     target_duty: float = 0.7
     target_concurrency: float = 4.0
     idle_to_zero_s: float = 60.0
-    # replicas a new function is raised to at once and held at until that many are ready, the
-    # autoscaler deciding from then on (Knative's initial-scale, Ray Serve's initial_replicas);
-    # 0: it starts at min_replicas, at zero by default, and its first request starts one
+    # replicas each new revision is raised to at once and held at until that many are ready, the
+    # autoscaler deciding from then on (Knative's initial-scale, whose default is 1; Ray Serve's
+    # initial_replicas, within [min, max] as here); 0: it starts at min_replicas, at zero by
+    # default, and its first request starts one
     initial_replicas: int = 0
 
     def __post_init__(self) -> None:
@@ -147,9 +148,9 @@ class ScalingSpec:
             raise SpecError(
                 f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas}) and >= 1"
             )
-        if not 0 <= self.initial_replicas <= self.max_replicas:
-            raise SpecError(f"initial_replicas ({self.initial_replicas}) must be within [0, max_replicas "
-                            f"({self.max_replicas})]")
+        if self.initial_replicas != 0 and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise SpecError(f"initial_replicas ({self.initial_replicas}) must be 0 (none) or within [min_replicas "
+                            f"({self.min_replicas}), max_replicas ({self.max_replicas})]")
         if self.slo_p95_ms <= 0:
             raise SpecError(f"slo_p95_ms ({self.slo_p95_ms}) must be > 0")
         if not 0 < self.target_duty <= 1:

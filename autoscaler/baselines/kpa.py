@@ -132,9 +132,13 @@ class KpaState:
 
 
 def initial_state(config: KpaConfig = KpaConfig(), ready: int = 0, now: float = 0.0) -> KpaState:
-    """newAutoscaler: with more than one pod ready it starts in panic (PR #4795)."""
+    """newAutoscaler: with more than one pod ready it starts in panic (PR #4795). With `ready`
+    pods (running, or a new revision's initial scale) its scale starts there, as decide() would
+    take it from what runs, and stays until the grace period after the decision reaches 0."""
     state = KpaState(stable=Buckets(config.stable_window_s, config.bucket_s),
                      panic=Buckets(config.panic_window_s, config.bucket_s))
+    if ready > 0:
+        state = replace(state, desired=ready)
     return replace(state, panic_time=now, max_panic_pods=ready) if ready > 1 else state
 
 

@@ -47,8 +47,9 @@ def deploy(argv: list[str]) -> int:
     p.add_argument("--min", type=int, dest="min_replicas")
     p.add_argument("--max", type=int, dest="max_replicas")
     p.add_argument("--initial", type=int, default=0, dest="initial_replicas",
-                   help="replicas started at once and held until ready, the autoscaler deciding from then on "
-                        "(Knative's initial-scale; default 0: the first request starts one)")
+                   help="replicas each revision starts at once and holds until ready, the autoscaler deciding "
+                        "from then on (Knative's initial-scale, whose default is 1; here 0: the first request "
+                        "starts one)")
     p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--batch", type=int, default=1, help="max batch size (1: no batching; batching is opt-in)")
     p.add_argument("--batch-delay-ms", type=float, default=0.0)

@@ -193,9 +193,18 @@ def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE, in
         code = runner.main(argv)
     finally:
         manyfunctions.stop_up(proc)
+    if out.is_dir():  # how it was started, for a later --sim-only (started_with)
+        (out / "simlive.json").write_text(json.dumps({"policy": policy, "initial": initial}) + "\n")
     if not (out / "summary.json").exists():
         raise runner.LoadTestError(f"shoal loadtest {' '.join(argv)} wrote no summary (exit {code})")
     return live_numbers(json.loads((out / "summary.json").read_text()))
+
+
+def started_with(folder: Path) -> int:
+    """The initial replicas a live run in `folder` was deployed with (live_run's simlive.json; a
+    folder without one is of a run from zero, made before --initial)."""
+    path = folder / "simlive.json"
+    return int(json.loads(path.read_text()).get("initial", 0)) if path.exists() else 0
 
 
 def deploy(url: str, token: str | None, profile: Path, initial: int = 0) -> None:
@@ -560,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = out / f"live-{policy}"
             if args.sim_only:
                 live = live_numbers(json.loads((folder / "summary.json").read_text()))
+                if started_with(folder) != args.initial:
+                    raise ValueError(f"{folder}: its live run was deployed with --initial {started_with(folder)}, "
+                                     f"not {args.initial}: the simulator would start it otherwise")
                 if live["requests"] != window.requests:  # e.g. a later window's reports, --start-minute left out
                     raise ValueError(f"{folder}: its live run sent {live['requests']} requests, the window "
                                      f"({args.minutes:g} min from minute {args.start_minute:g}) has "
@@ -575,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
                    "initial": args.initial}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
-            measured = live_overhead_s(folder) if live["replica_starts"] == 1 else None
+            # one replica served it all: one start in the load, none before it (else two replicas)
+            measured = live_overhead_s(folder) if live["replica_starts"] == 1 and not args.initial else None
             path = live_path_s(folder, args.overhead_ms / 1000.0)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
                                "tick_s": tick, "overhead_ms": args.overhead_ms,

@@ -58,6 +58,19 @@ def test_new_autoscaler_with_pods_starts_in_panic():
     assert initial_state(CFG, ready=1).panic_time is None
 
 
+def test_a_scale_it_starts_with_is_kept_until_the_grace_period():
+    # a new revision's initial scale of one pod, looked at before the pod is asked for (nothing
+    # runs yet) and without traffic: the decision reaches 0 at the first tick, and the scale stays
+    # 1 through the 30 s grace period, then 0 (started from what runs, it would be 0 at once)
+    state = initial_state(CFG, ready=1, now=0.0)
+    assert (state.desired, initial_state(CFG).desired) == (1, -1)
+    seen = []
+    for t in (0.0, 2.0, 28.0, 30.0):
+        decision, state = decide(MetricsSnapshot("f", t, ready=1 if t else 0), ScalingSpec(), state, t, CFG)
+        seen.append((decision.desired, decision.reason))
+    assert seen == [(1, "HOLD"), (1, "HOLD"), (1, "HOLD"), (0, "TO_ZERO")]
+
+
 def test_buckets_average_over_a_partial_window_after_silence():
     # one second with 1 request after a long idle: the average is 1.0, not 1/60
     b = Buckets(60.0).record(100.0, 1.0)

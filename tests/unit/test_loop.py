@@ -253,24 +253,51 @@ def test_initial_replicas_start_at_the_first_look_and_go_when_unused(platform):
     assert seen == [(expected, expected[1]) for _, expected in INITIAL_STEPS]
 
 
-def test_initial_replicas_are_held_until_ready_whatever_the_policy_says():
-    # Loop._initial_scale against a policy that says 0 at every look: held at 2 (INITIAL) while
-    # fewer than 2 are ready, the policy's 0 once both were ready, and never again after that
+@pytest.mark.parametrize("policy", [Shoal(), Kpa(), RayServe()], ids=["shoal", "kpa", "ray"])
+def test_each_policy_keeps_the_initial_replicas_once_ready(policy):
+    # ready at the look after the first: every policy keeps both (KPA through its 30 s grace
+    # period, Ray Serve its 600 s downscale delay, Shoal its 60 s keep-alive), none at once to 0
+    p = Local(policy, spec=INITIAL)
+    try:
+        p.load(0, 0)
+        first = p.tick()
+        p.start_what_was_asked()
+        kept = []
+        for at in (1, 2, 10):
+            p.clock.t = T0 + at
+            p.load(0, 0)
+            kept.append((p.tick().desired, p.replicas()))
+    finally:
+        p.close()
+    # KPA, told it starts at 2, asks 2 itself (a new autoscaler with pods starts in panic)
+    assert first.desired == 2 and first.reason == ("BURST" if policy.name == "kpa" else "INITIAL")
+    assert kept == [(2, 2)] * 3
+
+
+def test_the_initial_scale_is_held_until_ready_per_revision_and_given_up_at_the_deadline():
+    # Loop._raising, what the loop holds a function at whatever its policy says: 2 while fewer
+    # than 2 are ready, 0 once both were (the policy decides), 2 again for a new revision, and
+    # 0 with an event once INITIAL_DEADLINE_S (600 s) passed without both ready
+    from autoscaler.loop import INITIAL_DEADLINE_S
     from functions.spec import ScalingSpec
 
     p = Local(spec=INITIAL)
-    scaling, zero = ScalingSpec(max_replicas=6, initial_replicas=2), ScaleDecision(0, "TO_ZERO")
+    scaling = ScalingSpec(max_replicas=6, initial_replicas=2)
     try:
-        steps = [(Fleet(), 0.0), (Fleet(replicas=2, ready=0), 1.0), (Fleet(replicas=2, ready=1), 2.0),
-                 (Fleet(replicas=2, ready=2), 3.0), (Fleet(), 4.0)]
-        seen = [(d.reason, d.desired) for d in (p.loop._initial_scale("digits", scaling, f, zero, at)
-                                                 for f, at in steps)]
+        raising = p.loop._raising
+        steps = [(1, Fleet(), 0.0), (1, Fleet(replicas=2, ready=0), 1.0), (1, Fleet(replicas=2, ready=1), 2.0),
+                 (1, Fleet(replicas=2, ready=2), 3.0), (1, Fleet(), 4.0), (2, Fleet(), 5.0),
+                 (2, Fleet(replicas=2, ready=1), 5.0 + INITIAL_DEADLINE_S - 1), (2, Fleet(replicas=2, ready=1),
+                                                                                5.0 + INITIAL_DEADLINE_S)]
+        seen = [raising("digits", scaling, rev, fleet, at) for rev, fleet, at in steps]
+        given_up = [e for e in p.events if e[0] == "initial"]
+        # a function deployed without one is never raised, nor when a later look sees it anew
+        none = [raising("plain", ScalingSpec(), 1, Fleet(), at) for at in (0.0, 1.0)]
     finally:
         p.close()
-    assert seen == [("INITIAL", 2)] * 3 + [("TO_ZERO", 0)] * 2
-    assert p.loop.memory.initialized == {"digits": 3.0}
-    # a policy that asks for more than the initial scale is not held back
-    assert p.loop._initial_scale("other", scaling, Fleet(), ScaleDecision(5, "BURST"), 0.0).desired == 5
+    assert seen == [2, 2, 2, 0, 0, 2, 2, 0] and none == [0, 0]
+    assert len(given_up) == 1 and "initial scale 2 not reached in 600 s (1 ready)" in given_up[0][1]
+    assert p.loop.memory.initialized["digits"] == (2, None)
 
 
 LEARN_CASES = [

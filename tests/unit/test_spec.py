@@ -35,8 +35,11 @@ def test_slice_parse_errors(text, fragment):
         ({"min_replicas": 3, "max_replicas": 2}, "max_replicas (2) must be >= min_replicas (3) and >= 1"),
         ({"target_duty": 1.5}, "target_duty (1.5) must be within (0, 1]"),
         ({"slo_p95_ms": 0}, "slo_p95_ms (0) must be > 0"),
-        ({"initial_replicas": -1}, "initial_replicas (-1) must be within [0, max_replicas (8)]"),
-        ({"initial_replicas": 3, "max_replicas": 2}, "initial_replicas (3) must be within [0, max_replicas (2)]"),
+        ({"initial_replicas": -1}, "initial_replicas (-1) must be 0 (none) or within [min_replicas (0), max_replicas (8)]"),
+        ({"initial_replicas": 3, "max_replicas": 2},
+         "initial_replicas (3) must be 0 (none) or within [min_replicas (0), max_replicas (2)]"),
+        ({"initial_replicas": 1, "min_replicas": 2},  # Ray Serve's rule: min <= initial <= max
+         "initial_replicas (1) must be 0 (none) or within [min_replicas (2), max_replicas (8)]"),
     ],
 )
 def test_scaling_validation_names_values(kwargs, message):
