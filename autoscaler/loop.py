@@ -109,7 +109,9 @@ class Policy(Protocol):
         """What events and metrics call it: shoal, kpa, ray."""
 
     def initial(self, spec: ScalingSpec, ready: int, now: float) -> Any:
-        """The state of a function at the loop's first look at it (`ready` replicas ready)."""
+        """The state of a function at the loop's first look at it (`ready` replicas ready), and
+        of a revision held at its initial scale when the hold begins and ends (Loop._raising:
+        `ready` the initial scale, then the replicas ready)."""
 
     def decide(self, snapshot: MetricsSnapshot, spec: ScalingSpec, state: Any,
                now: float) -> tuple[ScaleDecision, Any]: ...
@@ -133,7 +135,7 @@ class Memory:
     batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
     cold: ColdStarts = field(default_factory=ColdStarts)
     # per function, (revision, since): the revision whose initial scale is being held since that
-    # look, or was reached or given up (since None): then its policy decides (Loop._initial_scale)
+    # look, or was reached or given up (since None): then its policy decides (Loop._raising)
     initialized: dict[str, tuple[int, float | None]] = field(default_factory=dict)
 
     def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None) -> BatchTable:
@@ -266,8 +268,8 @@ class Loop:
         fleet = fleet or Fleet()
         snapshot = self._complete(name, spec, fleet, reading)
         state = self.memory.policy.get(name)
-        raising = self._raising(name, spec.scaling, revision, fleet, now)
-        if state is None:  # the policy starts as if the initial replicas ran (KPA keeps its scale)
+        raising, fresh = self._raising(name, spec.scaling, revision, fleet, now)
+        if state is None or fresh:  # as if the initial replicas ran (KPA keeps its scale), or were ready now
             state = self.policy.initial(spec.scaling, max(fleet.ready, raising), now)
         decision, self.memory.policy[name] = self.policy.decide(snapshot, spec.scaling, state, now)
         if raising > decision.desired:
@@ -280,35 +282,42 @@ class Loop:
         return Target(spec, revision, decision.desired, decision,
                       self.policy.keep_alive_s(self.memory.policy[name], spec.scaling))
 
-    def _raising(self, name: str, scaling: ScalingSpec, revision: int, fleet: Fleet, now: float) -> int:
-        """The count a new revision is held at: its initial_replicas until that many are ready at
-        once, then 0, the policy's decision standing (Knative's initial-scale, applied per
-        revision: the revision reaches it before it is Ready, then autoscales; Ray Serve's
-        initial_replicas at each deploy). A revision that does not reach it within
+    def _raising(self, name: str, scaling: ScalingSpec, revision: int, fleet: Fleet,
+                 now: float) -> tuple[int, bool]:
+        """(count, fresh): the count a new revision is held at, its initial_replicas until that
+        many are ready at once, then 0, the policy's decision standing (Knative's initial-scale,
+        applied per revision: the revision reaches it before it is Ready, then autoscales; Ray
+        Serve's initial_replicas at each deploy); and whether the policy starts again at this
+        look, as Knative's revision gets a decider of its own: when a hold begins (a new
+        revision; the function's first look) and when it ends with the replicas ready, so its
+        grace period or keep-alive counts from then (a model load longer than a keep-alive does
+        not end in a stop the moment it is ready). A revision that does not reach it within
         INITIAL_DEADLINE_S of its first look (no slice, a replica that fails) is given up to its
-        policy, with an event. The policy's keep-alive counts from its first look
-        (policy._activity), so replicas no request comes for go as an idle function's do. E.g.
-        initial 1: deploy at t = 0, a look at 0 asks 1 (the policy 0), ready at 2.5 s; no request,
-        idle_to_zero_s 60: to zero at the look at 60 s. Kept per process: a controller started
-        again (shoal up's restart, another leader's pod) raises a revision it has not seen ready
-        once more, at most a keep-alive of idle replicas."""
+        policy, with an event. With no request the replicas go as an idle function's do. E.g.
+        initial 1: deploy at t = 0, a look at 0 asks 1 (the policy 0), ready at the look at 3 s,
+        where the policy starts again; no request, idle_to_zero_s 60: to zero at the look at
+        63 s. Kept per process: a controller started again (shoal up's restart, another leader's
+        pod) raises a revision it has not seen ready once more, at most a keep-alive of idle
+        replicas."""
         want = scaling.initial_replicas
         held = self.memory.initialized.get(name)
+        fresh = False
         if held is None or held[0] != revision:
             held = self.memory.initialized[name] = (revision, now if want else None)
+            fresh = want > 0
         since = held[1]
         if since is None:
-            return 0
+            return 0, False
         if fleet.ready >= want:
             self.memory.initialized[name] = (revision, None)
-            return 0
+            return 0, True
         if now - since >= INITIAL_DEADLINE_S:
             self.memory.initialized[name] = (revision, None)
             self.events("initial", f"initial scale {want} not reached in {INITIAL_DEADLINE_S:g} s ({fleet.ready} "
                                    f"ready): the policy decides from now on", function=name,
                         data={"initial_replicas": want, "ready": fleet.ready, "revision": revision})
-            return 0
-        return want
+            return 0, False
+        return want, fresh
 
     def explain(self, name: str) -> dict[str, float]:
         """The policy's numbers behind `name`'s last decision (Policy.explain), at that look's

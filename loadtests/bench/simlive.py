@@ -587,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
                    "initial": args.initial}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
-            # one replica served it all: one start in the load, none before it (else two replicas)
-            measured = live_overhead_s(folder) if live["replica_starts"] == 1 and not args.initial else None
+            # one replica served it all: one start in the load and none before it, or an initial one alone
+            measured = live_overhead_s(folder) if live["replica_starts"] + args.initial == 1 else None
             path = live_path_s(folder, args.overhead_ms / 1000.0)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
                                "tick_s": tick, "overhead_ms": args.overhead_ms,

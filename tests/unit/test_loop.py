@@ -224,11 +224,13 @@ INITIAL_STEPS = [
     # (seconds since T0, started what was asked before this look) -> (reason, replicas asked for)
     # the first look: Shoal's policy alone says 0 (nothing held or in flight); the loop asks 2
     ((0, False), ("INITIAL", 2)),
-    # both ready: the policy decides from now on, and with 2 ready and nothing to do it keeps
-    # them (its keep-alive counts from its first look, at 0: the spec's idle_to_zero_s, 60 s)
+    # both ready: the policy starts again and decides from now on; with 2 ready and nothing to
+    # do it keeps them (its keep-alive counts from here: the spec's idle_to_zero_s, 60 s)
     ((2, True), (None, 2)),
-    # idle 60 s since its first look, never a request: to zero, as any idle function
-    ((60, True), ("TO_ZERO", 0)),
+    # still warm 59 s on (shoal up's look may have scaled down to 1 after its 30 s delay window)
+    ((61, True), (None, None)),
+    # idle 60 s since they were ready, never a request: to zero, as any idle function
+    ((62, True), ("TO_ZERO", 0)),
     # and from zero it stays there: the initial scale was reached once
     ((70, True), ("TO_ZERO", 0)),
 ]
@@ -248,30 +250,70 @@ def test_initial_replicas_start_at_the_first_look_and_go_when_unused(platform):
             seen.append(((decision.reason, decision.desired), p.replicas()))
     finally:
         p.close()
-    assert seen[1][0][0] not in ("INITIAL", "TO_ZERO")  # the policy's own (shoal up's: NO_DATA, one scrape)
-    seen[1] = ((None, seen[1][0][1]), seen[1][1])
+    for k, (_, (reason, desired)) in enumerate(INITIAL_STEPS):
+        if reason is None:  # the policy's own (shoal up's: NO_DATA, one scrape), not zero
+            (got, n), running = seen[k]
+            assert got not in ("INITIAL", "TO_ZERO") and n == running >= 1 and n == (desired or n)
+            seen[k] = ((None, desired), desired)
     assert seen == [(expected, expected[1]) for _, expected in INITIAL_STEPS]
 
 
+@pytest.mark.parametrize("initial", [1, 2])
 @pytest.mark.parametrize("policy", [Shoal(), Kpa(), RayServe()], ids=["shoal", "kpa", "ray"])
-def test_each_policy_keeps_the_initial_replicas_once_ready(policy):
-    # ready at the look after the first: every policy keeps both (KPA through its 30 s grace
+def test_each_policy_keeps_the_initial_replicas_once_ready(policy, initial):
+    # ready at the look after the first: every policy keeps them (KPA through its 30 s grace
     # period, Ray Serve its 600 s downscale delay, Shoal its 60 s keep-alive), none at once to 0
-    p = Local(policy, spec=INITIAL)
+    p = Local(policy, spec={**SPEC, "scaling": {**SPEC["scaling"], "initial_replicas": initial}})
     try:
         p.load(0, 0)
         first = p.tick()
         p.start_what_was_asked()
         kept = []
-        for at in (1, 2, 10):
+        for at in (1, 2, 10, 29):
             p.clock.t = T0 + at
             p.load(0, 0)
             kept.append((p.tick().desired, p.replicas()))
     finally:
         p.close()
-    # KPA, told it starts at 2, asks 2 itself (a new autoscaler with pods starts in panic)
-    assert first.desired == 2 and first.reason == ("BURST" if policy.name == "kpa" else "INITIAL")
-    assert kept == [(2, 2)] * 3
+    # KPA, told it starts at the initial scale, asks it itself: HOLD at 1, BURST at 2 (a new
+    # autoscaler with pods starts in panic)
+    assert first.desired == initial
+    assert first.reason == ({1: "HOLD", 2: "BURST"}[initial] if policy.name == "kpa" else "INITIAL")
+    assert kept == [(initial, initial)] * 4
+
+
+def _look(p, at):
+    p.clock.t = T0 + at
+    p.load(0, 0)
+    decision = p.tick()
+    return decision.reason, decision.desired
+
+
+def test_a_new_revision_of_an_idle_function_keeps_its_initial_replicas_once_ready():
+    # revision 1 (no initial scale) idle from T0 goes to zero; revision 2, deployed with 2
+    # initial replicas 200 s later, is raised, and once both are ready the policy starts again
+    # (a new revision's decider): they stay, not stopped for the old revision's idle time
+    p = Kubernetes(spec=SPEC)
+    seen = [_look(p, 0), _look(p, 100)]
+    body = ConfigMapFunctions.config_map(INITIAL, 2, "shoal")
+    name = body["metadata"]["name"]
+    body["metadata"]["resourceVersion"] = p.kube.config_maps[("shoal", name)]["metadata"]["resourceVersion"]
+    p.kube.replace_namespaced_config_map(name, "shoal", body)
+    seen.append(_look(p, 200))
+    p.start_what_was_asked()
+    seen += [_look(p, 201), _look(p, 210), _look(p, 250)]
+    assert seen[0][1] == 0 and seen[1] == ("TO_ZERO", 0) and seen[2] == ("INITIAL", 2)
+    assert [d for _, d in seen[3:]] == [2, 2, 2] and p.replicas() == 2
+
+
+def test_a_model_load_longer_than_the_keep_alive_is_kept_once_ready():
+    # the initial replicas take 70 s to be ready, longer than the 60 s keep-alive from the first
+    # look: held at 2 (INITIAL) meanwhile, and kept once ready (the keep-alive counts from then)
+    p = Kubernetes(spec=INITIAL)
+    seen = [_look(p, 0), _look(p, 30), _look(p, 69)]
+    p.start_what_was_asked()
+    seen += [_look(p, 70), _look(p, 71), _look(p, 100)]
+    assert [d for _, d in seen] == [2] * 6 and seen[0][0] == "INITIAL" and p.replicas() == 2
 
 
 def test_the_initial_scale_is_held_until_ready_per_revision_and_given_up_at_the_deadline():
@@ -295,7 +337,9 @@ def test_the_initial_scale_is_held_until_ready_per_revision_and_given_up_at_the_
         none = [raising("plain", ScalingSpec(), 1, Fleet(), at) for at in (0.0, 1.0)]
     finally:
         p.close()
-    assert seen == [2, 2, 2, 0, 0, 2, 2, 0] and none == [0, 0]
+    # the policy starts again where a hold begins (revisions 1 and 2) and where one ends ready
+    assert seen == [(2, True), (2, False), (2, False), (0, True), (0, False), (2, True), (2, False), (0, False)]
+    assert none == [(0, False), (0, False)]
     assert len(given_up) == 1 and "initial scale 2 not reached in 600 s (1 ready)" in given_up[0][1]
     assert p.loop.memory.initialized["digits"] == (2, None)
 
