@@ -419,3 +419,13 @@ def test_initial_replicas_in_the_commands_and_a_negative_count_refused(tmp_path,
     assert "1 replica(s) ready at the start" in lines[2]
     assert simlive.main(["--initial", "-1", "--sim-only"]) == 2
     assert "--initial" in capsys.readouterr().err
+
+
+def test_a_live_folder_says_how_it_was_started(tmp_path):
+    """started_with: the --initial a live run was deployed with (live_run writes simlive.json);
+    a folder without one is of a run from zero, made before --initial existed."""
+    from loadtests.bench import simlive
+
+    assert simlive.started_with(tmp_path) == 0
+    (tmp_path / "simlive.json").write_text('{"policy": "shoal", "initial": 2}\n')
+    assert simlive.started_with(tmp_path) == 2
