@@ -231,20 +231,17 @@ def deploy(url: str, token: str | None, profile: Path, initial: int = 0) -> None
 
 def wait_ready(url: str, token: str | None, replicas: int, timeout_s: float = 120.0) -> None:
     """Until the function has `replicas` ready (its initial scale), by `shoal status`'s API."""
-    import httpx
+    from loadtests.runner import ControlPlane
 
-    headers = {"authorization": f"Bearer {token}"} if token else {}
+    plane = ControlPlane(url, token)
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=url, headers=headers, timeout=30.0) as http:
-        while True:
-            r = http.get("/api/v1/status")
-            if r.status_code >= 400:
-                raise ValueError(f"status: {r.status_code} {r.text[:300]}")
-            if r.json()["functions"].get(FUNCTION, {}).get("ready", 0) >= replicas:
-                return
+    try:
+        while plane.status()["functions"].get(FUNCTION, {}).get("ready", 0) < replicas:
             if time.monotonic() > deadline:
                 raise ValueError(f"{FUNCTION}: {replicas} initial replica(s) not ready in {timeout_s:g} s")
             time.sleep(0.2)
+    finally:
+        plane.close()
 
 
 def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
@@ -569,8 +566,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = out / f"live-{policy}"
             if args.sim_only:
                 live = live_numbers(json.loads((folder / "summary.json").read_text()))
-                if started_with(folder) != args.initial:
-                    raise ValueError(f"{folder}: its live run was deployed with --initial {started_with(folder)}, "
+                initial = started_with(folder)
+                if initial != args.initial:
+                    raise ValueError(f"{folder}: its live run was deployed with --initial {initial}, "
                                      f"not {args.initial}: the simulator would start it otherwise")
                 if live["requests"] != window.requests:  # e.g. a later window's reports, --start-minute left out
                     raise ValueError(f"{folder}: its live run sent {live['requests']} requests, the window "

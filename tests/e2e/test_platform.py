@@ -203,7 +203,7 @@ def test_cli_commands(plane, digits):
 def test_initial_replicas_start_at_deploy_without_a_request_and_go_when_idle(plane, digits_onnx):
     """`shoal deploy --initial 1`: a replica starts with no request sent (the event says
     INITIAL), and with none sent it goes after the keep-alive (idle_to_zero_s 10, counted from
-    the controller's first look at the function), as any idle replica."""
+    when it was ready: the policy starts again there), as any idle replica."""
     out = subprocess.run([sys.executable, "-m", "deploy.cli", "deploy", str(digits_onnx), "--name", "early",
                           "--initial", "1", "--idle-to-zero-s", "10", "--url", plane.url,
                           "--state-dir", str(plane.state_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)

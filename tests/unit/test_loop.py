@@ -253,7 +253,7 @@ def test_initial_replicas_start_at_the_first_look_and_go_when_unused(platform):
     for k, (_, (reason, desired)) in enumerate(INITIAL_STEPS):
         if reason is None:  # the policy's own (shoal up's: NO_DATA, one scrape), not zero
             (got, n), running = seen[k]
-            assert got not in ("INITIAL", "TO_ZERO") and n == running >= 1 and n == (desired or n)
+            assert got not in ("INITIAL", "TO_ZERO") and n == running >= 1 and (desired is None or n == desired)
             seen[k] = ((None, desired), desired)
     assert seen == [(expected, expected[1]) for _, expected in INITIAL_STEPS]
 
