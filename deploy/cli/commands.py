@@ -103,12 +103,13 @@ def ls(argv: list[str]) -> int:
 
     def run(client: Shoal, args) -> int:
         status = client.status()["functions"]
-        rows = [("NAME", "REV", "SLICE", "READY", "MIN", "MAX", "SLO", "ARTIFACT")]
+        rows = [("NAME", "REV", "SLICE", "READY", "MIN", "INITIAL", "MAX", "SLO", "ARTIFACT")]
         for f in client.functions():
-            s = status.get(f["name"], {})
+            s, scaling = status.get(f["name"], {}), f["scaling"]
             rows.append((f["name"], str(f["revision"]), f["slice"], str(s.get("ready", 0)),
-                         str(f["scaling"]["min_replicas"]), str(f["scaling"]["max_replicas"]),
-                         f"{f['scaling']['slo_p95_ms']:g}ms", f["artifact"].rsplit("/", 1)[-1]))
+                         str(scaling["min_replicas"]), str(scaling.get("initial_replicas", 0)),
+                         str(scaling["max_replicas"]), f"{scaling['slo_p95_ms']:g}ms",
+                         f["artifact"].rsplit("/", 1)[-1]))
         print(_table(rows))
         return 0
 

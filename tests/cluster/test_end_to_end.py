@@ -24,7 +24,8 @@ held, the gateway pokes, the controller scales the Deployment, the scheduler bin
 runs `shoal replica`, the EndpointSlice shows it ready and the held request gets 200 with its
 `Shoal-Cold-Start` phases; a burst of concurrent requests scales out to >= 2 Ready pods; idle
 returns to 0 pods; `shoal rm` removes the ConfigMap, Deployment and Service and no replica
-process is left.
+process is left; deployed again with `--initial 1`, the controller starts a pod with no request
+(reason INITIAL), the first request finds it ready (no hold, no poke) and idle it goes to 0.
 """
 
 from __future__ import annotations
@@ -357,6 +358,34 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
                                          query=[("labelSelector", FUNCTION_KIND_LABEL)])["items"], timeout_s=30)
         assert not watcher.pods() and not replica_processes()
         wait_for("the gateway forgets it", lambda: FN not in _models(gateway), 20)
+
+        # 6. deployed again with one initial replica (Knative's initial-scale): the controller
+        # scales the Deployment to 1 with no request; the first request finds it ready (no hold,
+        # no poke); idle, it goes to zero as any replica does
+        t0, t0_wall = time.monotonic(), time.time()
+        out = shoal("deploy", str(digits_onnx), "--name", FN, "--max", "3", "--idle-to-zero-s", str(IDLE_TO_ZERO_S),
+                    "--target-concurrency", "1", "--initial", "1", url=gateway, token=api_token)
+        assert out.returncode == 0, out.stderr + out.stdout
+        cluster.wait("a Ready pod with no request", lambda: cluster.get(dep_path) is not None
+                     and cluster.get(dep_path)["spec"]["replicas"] == 1
+                     and any(pod_ready(p) for p in watcher.pods()), timeout_s=60, every_s=0.5)
+        timings["initial_ready_s"] = time.monotonic() - t0
+        assert not [p for t, p in relay.pokes() if t >= t0_wall and f"function={FN}" in p], relay.seen[-10:]
+        raised = [line for line in ctl.text().splitlines() if FN in line and "0 -> 1 replicas: INITIAL" in line]
+        assert raised, ctl.text()[-3000:]
+        wait_for("the gateway knows it", lambda: FN in _models(gateway), 20)
+        with httpx.Client(timeout=60) as client:
+            r = client.post(f"{gateway}/v2/models/{FN}/infer", json=BODY)
+        assert r.status_code == 200, r.text
+        assert r.headers.get("shoal-cold-start") is None, dict(r.headers)  # served warm: nothing held
+        assert not [p for t, p in relay.pokes() if t >= t0_wall and f"function={FN}" in p], relay.seen[-10:]
+        cluster.wait("the initial replica idles to 0", lambda: cluster.get(dep_path)["spec"]["replicas"] == 0
+                     and not watcher.pods(), timeout_s=120, every_s=1)
+        timings["initial_to_zero_s"] = time.monotonic() - t0
+        out = shoal("rm", FN, url=gateway, token=api_token)
+        assert out.returncode == 0, out.stderr + out.stdout
+        cluster.wait("the Deployment gone", lambda: cluster.get(dep_path) is None, timeout_s=30)
+        wait_for("no replica process", lambda: not replica_processes(), 30, 0.5)
         assert ctl.alive() and gw.alive()
         passed = True
     finally:

@@ -213,6 +213,11 @@ def test_initial_replicas_start_at_deploy_without_a_request_and_go_when_idle(pla
             wait_for(lambda: ready_count(client, "early") == 1, 60, "the initial replica ready")
             scale = [e for e in client.events("early") if e["kind"] == "scale"]
             assert scale and scale[0]["data"]["reason"] == "INITIAL" and scale[0]["data"]["to"] == 1
+            ls = subprocess.run([sys.executable, "-m", "deploy.cli", "ls", "--url", plane.url, "--state-dir",
+                                 str(plane.state_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+            header, *rows = [line.split() for line in ls.stdout.splitlines()]
+            early = dict(zip(header, next(r for r in rows if r[0] == "early")))
+            assert (early["MIN"], early["INITIAL"]) == ("0", "1"), ls.stdout
             wait_for(lambda: ready_count(client, "early") == 0 and not client.status()["functions"]["early"]["starting"],
                      60, "the unused initial replica gone")
             assert [e["data"]["reason"] for e in client.events("early") if e["kind"] == "scale"][-1] == "TO_ZERO"
