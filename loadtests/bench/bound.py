@@ -11,9 +11,10 @@
   from the start). Held-max never scales down: where it does not fit on the cluster (a replica
   unplaceable) it says nothing, and the output says so;
 - the memoryless floor (traces whose functions are Poisson streams: `azure`, `poisson`): the
-  fewest slice-seconds any policy without foresight must hold to reach 99.9 %, even knowing
-  each function's rate (memoryless_floor); beside it, the most such a policy can reach on the
-  cluster.
+  fewest slice-seconds any policy without foresight must hold, in expectation, to reach 99.9 %,
+  even knowing each function's rate (memoryless_floor), for a policy that keeps each
+  function's slice and for one that may hold a replica on a smaller one (down to Shoal's
+  min_slice, where a request alone meets the SLO).
 Every GPU here is simulated: no figure is a GPU measurement.
 
     python -m loadtests.bench.bound --seed 1 [--traces spike,real-4x] [--batcher exact] [--json OUT]
@@ -28,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-
-import numpy as np
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
+from autoscaler.policy import DEFAULT_CONFIG
 from autoscaler.simulator import (
     BATCHERS, Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
 )
@@ -40,28 +42,45 @@ from loadtests.bench.policy import traces
 
 FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 TARGET = 0.999
+MIN_SLICE = DEFAULT_CONFIG.min_slice  # the least slice Shoal's policy asks for (1/8)
+RESIZING = ("shoal",)  # the bench's policies that may hold a replica on a smaller slice than deployed
 MEMORYLESS_KINDS = ("azure", "poisson")  # traces whose functions (timers aside) are Poisson streams
-TIMER_MAX_CV = 0.5  # a function whose gaps vary less than this (a timer's vary by its jitter) may be foreseen
+TIMER_MAX_CV = 0.1  # a function whose gaps vary less than this (a timer's vary by its jitter) may be foreseen
 
 
-def memoryless_floor(trace, profiles: list[Profile], config, initial: dict[int, int],
-                     target: float = TARGET) -> dict | None:
-    """The fewest slice-seconds of replicas held that reach `target` within the SLO, for any
-    policy without foresight that knew each function's rate; None for a trace of another kind.
-    A request that finds its function with no replica at all (starting or ready) waits at least
-    a cold start; where that is over the SLO it misses. The arrivals of a Poisson function do not
-    depend on what a policy did (which cannot depend on arrivals still to come), so they find it
-    with none as often as it has none (Poisson arrivals see time averages): in expectation at
-    least rate x (L - H / slice) of its requests miss, L the counted seconds, H the slice-seconds
-    it held one or more replicas. Whatever a policy does between requests, each miss it avoids
-    costs slice / rate slice-seconds of holding, so the least for a budget of misses holds whole
-    the functions of least slice / rate (a fractional knapsack: the first left out held in part),
-    and the last one held prices a miss. Counted as free: timers (gaps that vary by less than
-    TIMER_MAX_CV: a policy may foresee them), functions with fewer than 3 gaps (not told apart),
-    those whose cold start is within their SLO; their misses are only the forced cold
-    (forced_cold: first requests). A floor, not a policy: each rate is the count over L, which a
-    controller learns from the requests it sees; replicas beyond one (a busy function's) and the
-    cold starts' own seconds are not counted. E.g. two functions at 1/4 of a GPU, 0.01 and 0.1
+def held_slice(profile: Profile, min_slice: float | None) -> float:
+    """The slice a replica held for a function's next request may have: its own (a policy that
+    keeps the slice it deployed, `min_slice` None), or down to `min_slice` (a policy that
+    resizes, Shoal's PolicyConfig.min_slice) where a request alone still meets the SLO there (a
+    replica of slice x runs ref_slice / x times the profile's time, as in the simulator). E.g.
+    whisper-tiny, 30 ms at 1/2, SLO 500 ms: 1/8 runs it in 120 ms, so 1/8."""
+    if min_slice is None or min_slice >= profile.slice_fraction:
+        return profile.slice_fraction
+    alone_ms = profile.latency_ms[0][1] * profile.ref_slice
+    return max(min_slice, min(profile.slice_fraction, alone_ms / profile.slo_ms))
+
+
+def memoryless_floor(trace, profiles: list[Profile], config, initial: dict[int, int], target: float = TARGET,
+                     min_slice: float | None = None, requests: int | None = None) -> dict | None:
+    """The fewest slice-seconds of replicas held that reach `target` within the SLO, in
+    expectation, for any policy without foresight that knew each function's rate; None for a
+    trace of another kind. A request that finds its function with no replica at all (starting or
+    ready) waits at least a cold start; where that is over the SLO it misses. The arrivals of a
+    Poisson function do not depend on what a policy did (which cannot depend on arrivals still to
+    come), so they find it with none as often as it has none (Poisson arrivals see time
+    averages): in expectation at least rate x (L - H / slice) of its requests miss, L the counted
+    seconds, H the slice-seconds it held one or more replicas (`held_slice`: the function's own
+    slice, or the least a resizing policy may hold it on). Whatever a policy does between
+    requests, each miss it avoids costs slice / rate slice-seconds of holding, so the least for a
+    budget of misses ((1 - target) x `requests`, by default those arriving in L) holds whole the
+    functions of least slice / rate (a fractional knapsack: the first left out held in part), and
+    the last one held prices a miss. Free: timers (gaps that vary by less than TIMER_MAX_CV of
+    their mean: a policy may foresee them), functions with fewer than 3 gaps (not told apart)
+    and those whose cold start is within their SLO; of these only the first requests miss, where
+    the warm start gives no replica (forced cold). A floor, not a policy: each rate is the count
+    over L (the azure kind's rates swing by a few percent over half an hour), which a controller
+    learns from the requests it sees; replicas beyond one (a busy function's) and the cold
+    starts' own seconds are not counted. E.g. two functions at 1/4 of a GPU, 0.01 and 0.1
     requests a second over 1,000 s (10 and 100 requests), a budget of 10 misses: hold the second
     throughout (2.5 slice-s a miss avoided, 250 slice-s), the first none (25 a miss): 10 misses,
     250 slice-s."""
@@ -69,36 +88,36 @@ def memoryless_floor(trace, profiles: list[Profile], config, initial: dict[int, 
         return None
     start, L = config.warmup_s, trace.duration_s - config.warmup_s
     times, fids = trace.times, trace.fids.astype(np.int64)
-    counted = int((times >= start).sum())
-    budget = (1.0 - target) * counted
-    memoryless, rates = [], {}
+    arrived = int((times >= start).sum())
+    budget = (1.0 - target) * (arrived if requests is None else requests)
+    counts, slices = {}, {}  # of the memoryless functions: requests in L, the slice each is held on
     free_forced = 0
-    firsts = {}
     for fid in np.unique(fids).tolist():
         t = times[fids == fid]
-        firsts[fid] = float(t[0])
         p = profiles[fid]
         gaps = np.diff(t)
-        if p.cold_start_s > p.slo_ms / 1000.0 and len(gaps) >= 3 and gaps.std() > TIMER_MAX_CV * gaps.mean():
-            memoryless.append(fid)
-            rates[fid] = float((t >= start).sum()) / L
-        elif not initial.get(fid) and t[0] >= start and p.cold_start_s > p.slo_ms / 1000.0:
+        slow = p.cold_start_s > p.slo_ms / 1000.0
+        if slow and len(gaps) >= 3 and gaps.std() > TIMER_MAX_CV * gaps.mean():
+            counts[fid] = int((t >= start).sum())
+            slices[fid] = held_slice(p, min_slice)
+        elif slow and not initial.get(fid) and t[0] >= start:
             free_forced += 1
-    misses = free_forced + sum(rates[f] * L for f in memoryless)  # none held
+    misses = float(free_forced + sum(counts.values()))  # none held: each request misses
     held, price = 0.0, None
-    for fid in sorted((f for f in memoryless if rates[f] > 0), key=lambda f: profiles[f].slice_fraction / rates[f]):
+    for fid in sorted((f for f in counts if counts[f]), key=lambda f: slices[f] * L / counts[f]):
         if misses <= budget:
             break
-        avoid = min(rates[fid] * L, misses - budget)
-        held += profiles[fid].slice_fraction * avoid / rates[fid]
+        cost = slices[fid] * L / counts[fid]  # slice-s a miss avoided: slice / rate
+        avoid = min(counts[fid], misses - budget)
+        held += cost * avoid
         misses -= avoid
-        price = profiles[fid].slice_fraction / rates[fid]
+        price = cost
     capacity = config.gpus * L  # the cluster's slice-seconds: what holding cannot pass
-    reachable = misses <= budget + 1e-9 and held <= capacity
-    return {"target": target, "requests": counted, "budget_misses": round(budget, 1),
-            "memoryless_functions": len(memoryless), "memoryless_requests": int(sum(rates[f] * L for f in memoryless)),
-            "forced_cold_others": free_forced, "floor_slice_s": round(held, 1), "price_slice_s": price and round(price, 1),
-            "misses_at_floor": round(misses, 1), "cluster_slice_s": round(capacity, 1), "reachable": reachable}
+    return {"target": target, "requests": arrived, "budget_misses": round(budget, 1), "min_slice": min_slice,
+            "memoryless_functions": len(counts), "memoryless_requests": sum(counts.values()),
+            "forced_cold_others": free_forced, "floor_slice_s": round(held, 1),
+            "price_slice_s": None if price is None else round(price, 1), "misses_at_floor": round(misses, 1),
+            "cluster_slice_s": round(capacity, 1), "reachable": misses <= budget + 1e-9 and held <= capacity}
 
 
 def held_max(trace, profiles: list[Profile], config, counts, initial, factor: float = 1.0) -> dict:
@@ -123,7 +142,9 @@ def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = F
         * (trace.duration_s - config.warmup_s)
     out = {"requests": counted, "forced_cold": forced, "forced_share": forced / max(1, counted),
            "held_max": at_1, "static_slice_s": round(static, 1), "enough": None, "tried": [],
-           "memoryless_floor": memoryless_floor(trace, profiles, config, initial)}
+           "memoryless_floor": memoryless_floor(trace, profiles, config, initial, requests=counted),
+           "memoryless_floor_resized": memoryless_floor(trace, profiles, config, initial, min_slice=MIN_SLICE,
+                                                        requests=counted)}
     if at_1["fits"] and at_1["slo"] < TARGET:
         for factor in factors:
             run = held_max(trace, profiles, config, counts, initial, factor)
@@ -138,16 +159,19 @@ def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = F
 
 def against(trace, profiles: list[Profile], config, policies: dict) -> dict:
     """Each reactive policy of a bench run (its record in `policies`) beside the memoryless floor
-    for the SLO attainment it reached: how many times the least a policy without foresight
-    must hold for it, knowing each rate, it held."""
+    for the SLO attainment it reached, over that run's requests: how many times the least a
+    policy without foresight must hold for it, knowing each rate, it held; for a policy that
+    resizes slices (RESIZING) the floor of one that may hold a replica on min_slice."""
     initial = warm_start(trace, profiles, oracle_counts(trace, profiles, config.tick_s, config.batcher))
     out = {}
     for policy, record in policies.items():
         if policy in ("static", "oracle"):  # static knows each peak, the oracle foresees
             continue
-        floor = memoryless_floor(trace, profiles, config, initial, target=record["slo_attainment"])
+        floor = memoryless_floor(trace, profiles, config, initial, target=record["slo_attainment"],
+                                 min_slice=MIN_SLICE if policy in RESIZING else None, requests=record["requests"])
         out[policy] = {"slo": record["slo_attainment"], "slice_s": record["replica_slice_seconds"],
-                       "floor_slice_s": floor["floor_slice_s"], "price_slice_s": floor["price_slice_s"],
+                       "resized": policy in RESIZING, "floor_slice_s": floor["floor_slice_s"],
+                       "price_slice_s": floor["price_slice_s"],
                        "x_floor": round(record["replica_slice_seconds"] / floor["floor_slice_s"], 3)
                        if floor["floor_slice_s"] else None}
     return out
@@ -157,15 +181,16 @@ def describe(name: str, seed: int, r: dict) -> str:
     h = r["held_max"]
     text = (f"{name} (seed {seed}): {r['requests']:,} requests counted; forced cold {r['forced_cold']:,} "
             f"({r['forced_share']:.3%}); ")
-    m = r.get("memoryless_floor")
-    if m:
-        text += (f"memoryless floor for {m['target']:.1%} ({m['memoryless_functions']} Poisson functions, "
-                 f"{m['memoryless_requests']:,} requests): " + (
-                     f"at least {m['floor_slice_s']:,.0f} slice-s held, a miss priced at "
-                     f"{m['price_slice_s'] or 0:,.0f} slice-s at the margin (cluster {m['cluster_slice_s']:,.0f})"
-                     if m["reachable"] else
-                     f"out of reach: {m['misses_at_floor']:,.0f} misses at least, holding "
-                     f"{m['floor_slice_s']:,.0f} slice-s, over the budget of {m['budget_misses']:,.0f}") + "; ")
+    for key, how in (("memoryless_floor", "each on its slice"), ("memoryless_floor_resized", "down to min_slice")):
+        m = r.get(key)
+        if m:
+            text += (f"memoryless floor for {m['target']:.1%}, {how} ({m['memoryless_functions']} Poisson "
+                     f"functions, {m['memoryless_requests']:,} requests): " + (
+                         f"at least {m['floor_slice_s']:,.0f} slice-s held in expectation, a miss priced at "
+                         f"{m['price_slice_s'] or 0:,.1f} slice-s at the margin (cluster {m['cluster_slice_s']:,.0f})"
+                         if m["reachable"] else
+                         f"out of reach: {m['misses_at_floor']:,.0f} misses at least, holding "
+                         f"{m['floor_slice_s']:,.0f} slice-s, over the budget of {m['budget_misses']:,.0f}") + "; ")
     if not h["fits"]:
         return text + "held-max does not fit on the cluster (says nothing)"
     text += f"held-max {h['slo']:.3%} at {h['slice_s']:,.0f} slice-s"
@@ -190,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
                    "SLO attainment it reached")
     args = p.parse_args(argv)
     out = {}
-    bench = json.loads(args.against.read_text())["traces"] if args.against else {}
+    bench = {}
+    if args.against:
+        run = json.loads(args.against.read_text())
+        if run.get("batcher", "rule") != args.batcher:
+            p.error(f"--against {args.against} was run with --batcher {run.get('batcher')}, not {args.batcher}")
+        bench = run["traces"]
     for name, trace, profiles, config in traces(False, args.seed, args.traces):
         profiles = profiles or assign_profiles(trace, args.seed)
         config = replace(config, batcher=args.batcher)
@@ -199,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         if out[name]["memoryless_floor"] is not None and name in bench:
             out[name]["against"] = against(trace, profiles, config, bench[name]["policies"])
             for policy, a in out[name]["against"].items():
-                print(f"  {policy}: {a['slo']:.3%} at {a['slice_s']:,.0f} slice-s, {a['x_floor']:.2f}x the floor for "
-                      f"that attainment ({a['floor_slice_s']:,.0f}; a miss at {a['price_slice_s'] or 0:,.1f} slice-s)")
+                x = "-" if a["x_floor"] is None else f"{a['x_floor']:.2f}x"
+                print(f"  {policy}: {a['slo']:.3%} at {a['slice_s']:,.0f} slice-s, {x} the floor for that attainment"
+                      f"{' down to min_slice' if a['resized'] else ''} ({a['floor_slice_s']:,.0f}; a miss at "
+                      f"{a['price_slice_s'] or 0:,.1f} slice-s)")
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "batcher": args.batcher, "traces": out, "simulated": True}, indent=1))
     return 0

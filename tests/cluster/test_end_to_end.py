@@ -286,11 +286,7 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
         assert len(pods) == 1 and pod_ready(pods[0]), [p["metadata"]["name"] for p in pods]
         pod = pods[0]
         assert pod["spec"]["nodeName"] and pod["spec"].get("schedulerName") == "hami-scheduler"
-        slices = cluster.get(f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
-                             query=[("labelSelector", f"kubernetes.io/service-name=fn-{FN}")])["items"]
-        ready_ips = {a for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
-                     for a in e["addresses"]}
-        assert ready_ips == {pod["status"]["podIP"]}, slices
+        assert _ready_ips(cluster) == {pod["status"]["podIP"]}
         assert len(replica_processes()) >= 1
         # the gateway poked the controller for the held request, and the controller then scaled
         pokes = [(t, path) for t, path in relay.pokes() if t >= t0_wall and f"function={FN}" in path]
@@ -374,6 +370,10 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
         raised = [line for line in ctl.text().splitlines() if FN in line and "0 -> 1 replicas: INITIAL" in line]
         assert raised, ctl.text()[-3000:]
         wait_for("the gateway knows it", lambda: FN in _models(gateway), 20)
+        ip = next(p["status"]["podIP"] for p in watcher.pods() if pod_ready(p))
+        cluster.wait("the EndpointSlice lists the pod ready", lambda: ip in _ready_ips(cluster), timeout_s=30,
+                     every_s=0.5)
+        time.sleep(1.5)  # the gateway's EndpointSlice sync (--sync-s 0.5) has seen it
         with httpx.Client(timeout=60) as client:
             r = client.post(f"{gateway}/v2/models/{FN}/infer", json=BODY)
         assert r.status_code == 200, r.text
@@ -404,6 +404,14 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
     timings["total_s"] = time.monotonic() - t_start
     print(f"\nend to end: {json.dumps(timings, default=str)}")
     assert timings["total_s"] < 240
+
+
+def _ready_ips(cluster) -> set[str]:
+    """The addresses the function's EndpointSlices list as ready (what the gateway routes to)."""
+    slices = cluster.get(f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+                         query=[("labelSelector", f"kubernetes.io/service-name=fn-{FN}")]) or {"items": []}
+    return {a for s in slices["items"] for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+            for a in e["addresses"]}
 
 
 def _scale_patches(cluster, username: str, name: str) -> list[float]:

@@ -215,6 +215,7 @@ def test_initial_replicas_start_at_deploy_without_a_request_and_go_when_idle(pla
             assert scale and scale[0]["data"]["reason"] == "INITIAL" and scale[0]["data"]["to"] == 1
             ls = subprocess.run([sys.executable, "-m", "deploy.cli", "ls", "--url", plane.url, "--state-dir",
                                  str(plane.state_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+            assert ls.returncode == 0, ls.stderr
             header, *rows = [line.split() for line in ls.stdout.splitlines()]
             early = dict(zip(header, next(r for r in rows if r[0] == "early")))
             assert (early["MIN"], early["INITIAL"]) == ("0", "1"), ls.stdout
