@@ -3,9 +3,9 @@ It sizes each function on the work its replicas' slices do (duty cycle and execu
 full batches for a model that batches), on concurrency, on p95 against the SLO with an error
 budget, and, for a model that does not batch, on the bursts one SLO window can hold; replicas
 still starting count as capacity; it goes to zero when the function's own idle gaps say so and
-warms it again before a forecast onset; every decision carries its reason and the numbers. Every
-default is in `PolicyConfig`. Nothing here reads a clock. The design, with the numbers worked
-out: docs/design/policy.md.
+warms it again before a forecast onset, each start from zero on the least slice that serves it;
+every decision carries its reason and the numbers. Every default is in `PolicyConfig`. Nothing
+here reads a clock. The design, with the numbers worked out: docs/design/policy.md.
 """
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ class PolicyState(Record):
         released: int = 0,
         released_until: float = -math.inf,
         missed_at: tuple[float, ...] = (),  # (start, last) of the last two bursts that missed the SLO (_missed_sample)
+        service_max: float | None = None,  # the longest service a look measured per request (_service_sample) ...
+        service_on: float | None = None,  # ... on this slice
+        deployed_slice: float | None = None,  # the slice of its first look before any hint: its deployed one
     ) -> None:
         self.last_active_at: Final = last_active_at
         self.needs: Final = needs
@@ -221,6 +224,9 @@ class PolicyState(Record):
         self.released: Final = released
         self.released_until: Final = released_until
         self.missed_at: Final = missed_at
+        self.service_max: Final = service_max
+        self.service_on: Final = service_on
+        self.deployed_slice: Final = deployed_slice
 
     def __setattr__(self, name: str, value: object) -> None:
         set_once(self, name, value)  # its own, not inherited: see autoscaler.record
@@ -256,17 +262,22 @@ def decide(
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
     first_ready = state.held_max > 0 and snapshot.ready > 0  # the first look at a start from zero's replica
+    service_max, service_on = _service_sample(state, snapshot)
+    deployed_slice = state.deployed_slice if state.deployed_slice is not None or state.slice_fraction is not None \
+        else snapshot.slice_fraction
     state = PolicyState(
         last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
         duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
         inflight_avg=inflight_avg, rate_at=rate_at, budget=budget, served=served, served_over=served_over,
         forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
         peak=peak, rps_last_at=rps_last_at, rise=rise, rise_at=rise_at, rise2=rise2, rise2_at=rise2_at, cold_cost_s=cold_cost_s,
-        held_max=held_max, cold_misses=cold_misses, missed_at=missed_at,
+        held_max=held_max, cold_misses=cold_misses, missed_at=missed_at, service_max=service_max, service_on=service_on,
+        deployed_slice=deployed_slice,
         released=1 if first_ready else max(0, state.released - 1),
         released_until=now + snapshot.window_s if first_ready else state.released_until)
     if current == 0:
-        return _from_zero(snapshot, spec, state, now, need, config)
+        decision, state = _from_zero(snapshot, spec, state, now, need, config)
+        return _start_slice(decision, snapshot, spec, state, now, config)
     decision, state = _scale(snapshot, spec, state, now, need, current, config)
     return _with_slice_hint(decision, snapshot, spec, state, now, config)
 
@@ -874,6 +885,67 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if decision.reason in ("STABLE", "HOLD"):
         hinted = hinted._replace(reason="SLICE")
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+
+
+def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
+                 now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState]:
+    """A start from zero (held requests, a pre-warm) on the least slice that serves it: a replica
+    started from zero spends most of its life idle (its keep-alive), and the slice it idles on
+    is what it costs. Halving from the function's deployed slice (or the slice it runs on, if
+    larger: a start never asks for more than either) while the half is at least min_slice, the
+    requests the start is for run one by one there within half the p95 target, and the half
+    serves as much under load (_half_serves_as_much); a start after one that shrank may so grow
+    back. Those requests: the ones waiting, at least one, or as many as its past cold starts held
+    if more (cold_misses: the backlog a burst gathers while a replica starts); a request alone's
+    time: the learned batch table's first size, or else the longest service a look measured per
+    request (_service_sample), at the slice's speed. Nothing measured yet: the slice stays. E.g.
+    deployed on 1/2, 30 ms a request there, SLO 500 ms (p95 target 400 ms, half 200 ms), one
+    request waiting: 1/8 (120 ms); three: 1/4 (3 x 60 = 180 ms), not 1/8 (360 ms), also when
+    it runs on 1/8 now. The keep-alive weighs idle seconds at the new slice's price
+    (_cold_cost_s), so the function stays warm longer on it. The cluster controller's
+    replicas keep their Deployment's slice (a new slice is a new revision there)."""
+    current_slice = snapshot.slice_fraction
+    if (decision.desired <= 0 or decision.reason not in ("COLD_START", "FORECAST") or not config.slice_hints
+            or current_slice is None):
+        return decision, state
+    table = snapshot.batch_latency_s
+    alone = table[0][1] if table else _service_on(state, current_slice)
+    if alone is None:
+        return decision, state
+    top = max(current_slice, state.deployed_slice or 0.0)
+    speed = current_slice / top  # how many times slower than on current_slice (below 1: faster)
+    half_target = p95_target_s(spec, config) / 2.0
+    budget = batch_budget_s(spec, config)
+    wanted = top
+    waiting = max(1.0, snapshot.demand, state.cold_misses)
+    while (wanted / 2 >= config.min_slice - EPS and waiting * alone * speed * 2.0 <= half_target
+           and _half_serves_as_much(tuple((rows, seconds * speed) for rows, seconds in table), budget)):
+        wanted, speed = wanted / 2, speed * 2.0
+    if abs(wanted - current_slice) <= EPS:
+        return decision, state
+    detail = f"starts on a {wanted:g} slice: a request alone {1000 * alone * speed:.0f} ms"
+    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
+    return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+
+
+def _service_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float | None, float | None]:
+    """(service_max, service_on) after this snapshot: the longest service a look measured per
+    request (its replicas' busy seconds over the requests they answered: a batch's time over
+    its rows, or a request alone's when it ran alone; more where the window holds work still
+    running, or a slow first request), on the slice of the replicas that ran it; an earlier one
+    carried to a new slice at its speed (a replica on half the slice takes twice as long). It
+    only ever errs long, which keeps a start on a larger slice. E.g. 30 ms on 1/2, then 50 ms
+    on 1/4: 60 ms on 1/4."""
+    if snapshot.service_s is None or not snapshot.slice_fraction:
+        return state.service_max, state.service_on
+    known = _service_on(state, snapshot.slice_fraction)
+    return max(known or 0.0, snapshot.service_s), snapshot.slice_fraction
+
+
+def _service_on(state: PolicyState, slice_fraction: float) -> float | None:
+    if state.service_max is None or not state.service_on or slice_fraction <= 0:
+        return None
+    return state.service_max * state.service_on / slice_fraction
 
 
 def _half_serves_as_much(latency: tuple[tuple[float, float], ...], budget_s: float) -> bool:

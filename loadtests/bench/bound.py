@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if out[name]["memoryless_floor"] is not None and name in bench:
             out[name]["against"] = against(trace, profiles, config, bench[name]["policies"])
             for policy, a in out[name]["against"].items():
-                x = "-" if a["x_floor"] is None else f"{a['x_floor']:.2f}x"
+                x = "-" if a["x_floor"] is None else f"{a['x_floor']:.3f}x"
                 print(f"  {policy}: {a['slo']:.3%} at {a['slice_s']:,.0f} slice-s, {x} the floor for that attainment"
                       f"{' down to min_slice' if a['resized'] else ''} ({a['floor_slice_s']:,.0f}; a miss at "
                       f"{a['price_slice_s'] or 0:,.1f} slice-s)")

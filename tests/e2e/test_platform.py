@@ -226,6 +226,31 @@ def test_initial_replicas_start_at_deploy_without_a_request_and_go_when_idle(pla
             client.delete("early")
 
 
+def test_a_start_from_zero_after_a_measured_request_takes_the_least_slice(plane, digits_onnx):
+    """Deployed on 1/2 with an SLO of 500 ms: the first start from zero keeps 1/2 (nothing
+    measured yet); the digits model's requests, measured there (a look reads those answered
+    after the replica's first scrape: well under a millisecond each), alone on 1/8 take a small
+    part of the 200 ms the policy allows, so the next start from zero asks for 1/8 (the scale
+    event says so, the slice event records it) and the request is answered."""
+    body = _body(digits_data()[0][:1])
+    with plane.client() as client:
+        client.deploy(digits_onnx, "sparse", slice="1/2", slo_ms=500, idle_to_zero_s=3)
+        try:
+            for _ in range(4):  # answered after the replica's first scrape, so a look measures them
+                assert client.invoke("sparse", body).status_code == 200
+                time.sleep(0.5)
+            wait_for(lambda: any(e["kind"] == "scale" and e["data"]["to"] == 0 for e in client.events("sparse"))
+                     and ready_count(client, "sparse") == 0, 60, "back to zero")
+            assert client.invoke("sparse", body).status_code == 200
+            scale = [e for e in client.events("sparse") if e["kind"] == "scale" and e["data"]["to"] > e["data"]["from"]]
+            assert len(scale) == 2 and "starts on" not in scale[0]["message"], [(e["kind"], e["message"]) for e in client.events("sparse")]
+            assert "starts on a 0.125 slice" in scale[1]["message"], scale
+            slices = [e for e in client.events("sparse") if e["kind"] == "slice"]
+            assert slices and "1/8 slice" in slices[-1]["message"], slices
+        finally:
+            client.delete("sparse")
+
+
 def test_restart_keeps_functions(tmp_path, digits_onnx):
     state = tmp_path / "state"
     first = start_plane(state)

@@ -570,6 +570,81 @@ def test_slice_hint_after_a_window(spec, config, load, hint, reason):
         assert state.slice_fraction == hint and state.slice_at == 300.0 and state.duty_avg is None
 
 
+WHISPERY = ScalingSpec(slo_p95_ms=500.0)  # p95 target 400 ms; a request alone may take 200 ms
+MEASURED = PolicyState(service_max=0.030, service_on=0.5)  # 30 ms a request measured on 1/2
+
+START_SLICE_CASES = [
+    # id, spec, config, state, snapshot at zero (kwargs), expected slice of the start
+    ("one-waiting-to-eighth", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.5}, 0.125),  # 120 ms <= 200
+    # three run one by one: 3 x 60 = 180 ms on 1/4, 3 x 120 = 360 on 1/8
+    ("three-waiting-to-quarter", WHISPERY, CFG, MEASURED, {"held": 3, "slice_": 0.5}, 0.25),
+    ("seven-waiting-keep-half", WHISPERY, CFG, MEASURED, {"held": 7, "slice_": 0.5}, None),  # 7 x 60 > 200
+    # one waiting, but its past cold starts held 3 on average: sized for 3
+    ("past-backlog-counts", WHISPERY, CFG, MEASURED._replace(cold_misses=3.0), {"held": 1, "slice_": 0.5}, 0.25),
+    # measured on 1/2, now on 1/4 (its first look: deployed there): 60 ms there, 120 on 1/8
+    ("measured-on-another-slice", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.25}, 0.125),
+    ("measured-on-another-slice-two-waiting", WHISPERY, CFG, MEASURED, {"held": 2, "slice_": 0.25}, None),  # 240 ms
+    # deployed on 1/2, on 1/8 since a start that shrank it: three waiting grow it back to 1/4
+    ("grows-back-at-a-start", WHISPERY, CFG, MEASURED._replace(deployed_slice=0.5, slice_fraction=0.125),
+     {"held": 3, "slice_": 0.125}, 0.25),
+    ("no-bigger-than-deployed", WHISPERY, CFG, MEASURED._replace(deployed_slice=0.5, slice_fraction=0.5),
+     {"held": 20, "slice_": 0.5}, None),
+    # a floor's restart (min_replicas 1, at zero after a failure) is no start from zero for traffic
+    ("min-replicas-restart", ScalingSpec(slo_p95_ms=500.0, min_replicas=1), CFG, MEASURED, {"slice_": 0.5}, None),
+    ("already-at-min-slice", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.125}, None),
+    ("min-slice-quarter", WHISPERY, PolicyConfig(min_slice=0.25), MEASURED, {"held": 1, "slice_": 0.5}, 0.25),
+    ("nothing-measured", WHISPERY, CFG, PolicyState(), {"held": 1, "slice_": 0.5}, None),
+    ("hints-off", WHISPERY, PolicyConfig(slice_hints=False), MEASURED, {"held": 1, "slice_": 0.5}, None),
+    ("no-slice-known", WHISPERY, CFG, MEASURED, {"held": 1}, None),
+    # SLO 100 ms (target 80, half 40): 30 ms on 1/2 would be 60 on 1/4
+    ("too-slow-for-the-slo", SPEC, CFG, MEASURED, {"held": 1, "slice_": 0.5}, None),
+    # the batch table's first size counts before the measured service (30 ms): 60 ms at 1 on 1/2
+    # -> 120 on 1/4, 240 on 1/8 (and 8 rows in 100 ms, 200 on 1/4: half the rate at half the slice)
+    ("table-first-size", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.5, "batch": ((1, .060), (8, .100))}, 0.25),
+    # the code profile (40 ms at 1, 120 at 8; SLO 200: target 160, half 80, batch budget 80 ms):
+    # alone on 1/8 80 ms fits, but half the slice serves 12.5/s where the whole serves 53.8/s
+    ("half-costs-more-under-load", ScalingSpec(slo_p95_ms=200.0), CFG, MEASURED,
+     {"held": 1, "slice_": 0.25, "batch": ((1, .040), (8, .120))}, None),
+]
+
+
+@pytest.mark.parametrize("spec,config,state,load,hint", [c[1:] for c in START_SLICE_CASES],
+                         ids=[c[0] for c in START_SLICE_CASES])
+def test_a_start_from_zero_takes_the_least_slice_that_serves_it(spec, config, state, load, hint):
+    decision, after = decide(snap(**load, at=100.0), spec, state, 100.0, config)
+    assert decision.reason == ("COLD_START" if load.get("held") else "STABLE") and decision.desired >= 1
+    assert decision.slice_fraction == hint, decision
+    if hint is not None:
+        assert after.slice_fraction == hint and after.slice_at == 100.0 and f"starts on a {hint:g} slice" in decision.detail
+
+
+def test_a_pre_warm_starts_on_the_least_slice_too_and_nothing_starts_small_without_a_start():
+    # a timer every 60 s (onsets at 0, 60, 120, 180): a pre-warm is due from 240 - 2 - 3 = 235
+    state = MEASURED._replace(onsets=(0.0, 60.0, 120.0, 180.0), last_active_at=181.0)
+    decision, _ = decide(snap(slice_=0.5, at=236.0), WHISPERY, state, 236.0)
+    assert decision.reason == "FORECAST" and decision.slice_fraction == 0.125, decision
+    idle, _ = decide(snap(slice_=0.5, at=200.0), WHISPERY, state, 200.0)  # at zero, staying there
+    assert idle.desired == 0 and idle.slice_fraction is None
+
+
+SERVICE_CASES = [
+    # id, (service_max, service_on) before, snapshot (service, slice), expected after
+    ("first", (None, None), (0.030, 0.5), (0.030, 0.5)),
+    ("longer-kept", (0.030, 0.5), (0.020, 0.5), (0.030, 0.5)),
+    ("longer-replaces", (0.030, 0.5), (0.040, 0.5), (0.040, 0.5)),
+    ("carried-to-a-new-slice", (0.030, 0.5), (0.050, 0.25), (0.060, 0.25)),  # the docstring's example
+    ("none-measured", (0.030, 0.5), (None, 0.25), (0.030, 0.5)),
+    ("no-slice", (0.030, 0.5), (0.040, None), (0.030, 0.5)),
+]
+
+
+@pytest.mark.parametrize("before,now,after", [c[1:] for c in SERVICE_CASES], ids=[c[0] for c in SERVICE_CASES])
+def test_the_longest_service_a_look_measured_is_kept_at_the_slice_it_ran_on(before, now, after):
+    state = PolicyState(service_max=before[0], service_on=before[1])
+    _, out = decide(snap(ready=1, rps=1.0, service=now[0], slice_=now[1]), SPEC, state, 0.0)
+    assert out.service_max == pytest.approx(after[0]) and out.service_on == after[1]
+
+
 def test_a_lone_replica_does_not_shrink_while_a_recent_need_would_not_fit_half_of_it():
     # cold as in "cold-quarter-to-eighth", but one look at t = 290 reads duty 0.9: a need of
     # 0.9 / 0.9 = 1.0 replica (p95 30 ms is under half its 80 ms target: duty target 0.9),
