@@ -41,6 +41,7 @@ class Functions(NamedTuple):
     specs: list[ScalingSpec]
     cold_start_s: list[float]
     slice_fraction: list[float]  # the slice new replicas get
+    deployed_slice: list[float]  # the slice each function's profile declares
     batch_latency_s: list[tuple[tuple[float, float], ...]]
     held: dict[int, list[float]]  # arrival times of the requests held at the gateway, for those with any
 
@@ -55,7 +56,8 @@ def snapshot_of(tick: Tick, i: int, functions: Functions) -> MetricsSnapshot:
         functions.names[fid], tick.now, ready=ready, starting=tick.replicas[i] - ready, inflight=tick.inflight[i],
         activator_queue=len(held) if held is not None else 0, duty=(tick.duty[i],) * ready, rps=tick.rps[i],
         p95_s=None if math.isnan(p95) else p95, cold_start_s=functions.cold_start_s[fid],
-        slice_fraction=functions.slice_fraction[fid], service_s=None if math.isnan(service) else service,
+        slice_fraction=functions.slice_fraction[fid], deployed_slice=functions.deployed_slice[fid],
+        service_s=None if math.isnan(service) else service,
         batch_latency_s=functions.batch_latency_s[fid], over_slo=tick.over_slo[i],
         answered_rps=tick.answered_rps[i], window_s=tick.window_s)
 

@@ -331,7 +331,8 @@ class Loop:
         slice_fraction = float(self.scaler.slice_for(spec))
         table = self.memory.learn(name, slice_fraction, reading.batch)
         cold_s = fleet.started_s if fleet.started_s is not None else self.memory.cold.latest.get(name)
-        return reading.snapshot._replace(slice_fraction=slice_fraction, cold_start_s=cold_s,
+        return reading.snapshot._replace(slice_fraction=slice_fraction, deployed_slice=float(spec.slice.fraction),
+                                         cold_start_s=cold_s,
                                          batch_latency_s=policy_table(table, spec.batching.max_batch_size))
 
     def _record(self, targets: dict[str, Target], changed: dict[str, int]) -> None:

@@ -191,7 +191,6 @@ class PolicyState(Record):
         missed_at: tuple[float, ...] = (),  # (start, last) of the last two bursts that missed the SLO (_missed_sample)
         service_max: float | None = None,  # the longest service a look measured per request (_service_sample) ...
         service_on: float | None = None,  # ... on this slice
-        deployed_slice: float | None = None,  # the slice of its first look before any hint: its deployed one
     ) -> None:
         self.last_active_at: Final = last_active_at
         self.needs: Final = needs
@@ -226,7 +225,6 @@ class PolicyState(Record):
         self.missed_at: Final = missed_at
         self.service_max: Final = service_max
         self.service_on: Final = service_on
-        self.deployed_slice: Final = deployed_slice
 
     def __setattr__(self, name: str, value: object) -> None:
         set_once(self, name, value)  # its own, not inherited: see autoscaler.record
@@ -263,8 +261,6 @@ def decide(
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
     first_ready = state.held_max > 0 and snapshot.ready > 0  # the first look at a start from zero's replica
     service_max, service_on = _service_sample(state, snapshot)
-    deployed_slice = state.deployed_slice if state.deployed_slice is not None or state.slice_fraction is not None \
-        else snapshot.slice_fraction
     state = PolicyState(
         last_active_at=last_active_at, needs=needs, onsets=onsets, duty_avg=duty_avg, duty_since=duty_since,
         duty_last=duty_last, slice_fraction=state.slice_fraction, slice_at=state.slice_at, rate_avg=rate_avg,
@@ -272,7 +268,6 @@ def decide(
         forecast=state.forecast, gaps=gaps, gap_quantiles=gap_quantiles, rate_var=rate_var, rps_last=rps_last,
         peak=peak, rps_last_at=rps_last_at, rise=rise, rise_at=rise_at, rise2=rise2, rise2_at=rise2_at, cold_cost_s=cold_cost_s,
         held_max=held_max, cold_misses=cold_misses, missed_at=missed_at, service_max=service_max, service_on=service_on,
-        deployed_slice=deployed_slice,
         released=1 if first_ready else max(0, state.released - 1),
         released_until=now + snapshot.window_s if first_ready else state.released_until)
     if current == 0:
@@ -912,7 +907,7 @@ def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     alone = table[0][1] if table else _service_on(state, current_slice)
     if alone is None:
         return decision, state
-    top = max(current_slice, state.deployed_slice or 0.0)
+    top = max(current_slice, snapshot.deployed_slice or 0.0)
     speed = current_slice / top  # how many times slower than on current_slice (below 1: faster)
     half_target = p95_target_s(spec, config) / 2.0
     budget = batch_budget_s(spec, config)
@@ -932,10 +927,11 @@ def _service_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[floa
     """(service_max, service_on) after this snapshot: the longest service a look measured per
     request (its replicas' busy seconds over the requests they answered: a batch's time over
     its rows, or a request alone's when it ran alone; more where the window holds work still
-    running, or a slow first request), on the slice of the replicas that ran it; an earlier one
+    running, or a slow first request), on the slice new replicas got when it was measured (the
+    replicas that ran it, but for those still on an older slice after a hint); an earlier one
     carried to a new slice at its speed (a replica on half the slice takes twice as long). It
-    only ever errs long, which keeps a start on a larger slice. E.g. 30 ms on 1/2, then 50 ms
-    on 1/4: 60 ms on 1/4."""
+    errs long more than short, which keeps a start on a larger slice. E.g. 30 ms on 1/2, then
+    50 ms on 1/4: 60 ms on 1/4."""
     if snapshot.service_s is None or not snapshot.slice_fraction:
         return state.service_max, state.service_on
     known = _service_on(state, snapshot.slice_fraction)

@@ -493,7 +493,8 @@ class Simulation:
         # first replica is ready), as the gateway counts one: per function, until when
         self._wait_until = np.full(n, -np.inf)
         # what a tick's looks read of every function: these very lists and dict, as they change
-        self._functions = looks.Functions(self._names, self.specs, self._cold, self._slice_of, self._tables, self.held)
+        self._functions = looks.Functions(self._names, self.specs, self._cold, self._slice_of,
+                                          [p.slice_fraction for p in self.profiles], self._tables, self.held)
         self._occupancy = self._latency_s(np.ones(n))  # per function, the last tick's; batch 1 to begin
         self._batch = np.ones(n)  # per function, the tick's batch size (batch_size's rule)
         self.batch_backlog = True  # requests queued behind others ride in larger batches (see _serve_interleaved)
@@ -1220,6 +1221,7 @@ class Simulation:
         self._look(fid, self.policy.snapshot_type(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                                   activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                                   slice_fraction=self._slice_of[fid],
+                                                  deployed_slice=self.profiles[fid].slice_fraction,
                                                   batch_latency_s=self._tables[fid]),  # as learned so far
                    now)
 

@@ -30,6 +30,7 @@ class MetricsSnapshot(Record):
         p95_s: float | None = None,
         cold_start_s: float | None = None,  # last measured, for cold-start-aware policies
         slice_fraction: float | None = None,  # the share of a device new replicas get now
+        deployed_slice: float | None = None,  # the share its spec declares (slice hints aside)
         service_s: float | None = None,  # executor seconds per answered request over the window
         # latency of a batch by the requests in it on this function's slice, ((requests, seconds), ...),
         # the smallest first; learned from the replicas' batches (batch_window, learn_batch_latency).
@@ -54,6 +55,7 @@ class MetricsSnapshot(Record):
         self.p95_s: Final = p95_s
         self.cold_start_s: Final = cold_start_s
         self.slice_fraction: Final = slice_fraction
+        self.deployed_slice: Final = deployed_slice
         self.service_s: Final = service_s
         self.batch_latency_s: Final = batch_latency_s
         self.over_slo: Final = over_slo

@@ -60,13 +60,14 @@ COVERS_NO_TREND = PolicyConfig(trend_window_s=31.0, trend_max_boost=1.0, concurr
 
 
 def snap(ready=0, starting=0, inflight=0.0, held=0, duty=None, rps=0.0, p95=None, cold=2.0,
-         slice_=None, service=None, at=0.0, batch=()) -> MetricsSnapshot:
+         slice_=None, service=None, at=0.0, batch=(), deployed=None) -> MetricsSnapshot:
     """duty defaults to 0.0 on each ready replica (a scrape has been seen)."""
     if duty is None:
         duty = (0.0,) * ready
     return MetricsSnapshot("f", at, ready=ready, starting=starting, inflight=float(inflight),
                            activator_queue=held, duty=tuple(duty), rps=rps, p95_s=p95,
-                           cold_start_s=cold, slice_fraction=slice_, service_s=service, batch_latency_s=batch)
+                           cold_start_s=cold, slice_fraction=slice_, service_s=service, batch_latency_s=batch,
+                           deployed_slice=deployed)
 
 
 def run(load, until, spec=SPEC, config=CFG, state=None, start=0):
@@ -585,10 +586,12 @@ START_SLICE_CASES = [
     ("measured-on-another-slice", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.25}, 0.125),
     ("measured-on-another-slice-two-waiting", WHISPERY, CFG, MEASURED, {"held": 2, "slice_": 0.25}, None),  # 240 ms
     # deployed on 1/2, on 1/8 since a start that shrank it: three waiting grow it back to 1/4
-    ("grows-back-at-a-start", WHISPERY, CFG, MEASURED._replace(deployed_slice=0.5, slice_fraction=0.125),
-     {"held": 3, "slice_": 0.125}, 0.25),
-    ("no-bigger-than-deployed", WHISPERY, CFG, MEASURED._replace(deployed_slice=0.5, slice_fraction=0.5),
-     {"held": 20, "slice_": 0.5}, None),
+    ("grows-back-at-a-start", WHISPERY, CFG, MEASURED._replace(slice_fraction=0.125),
+     {"held": 3, "slice_": 0.125, "deployed": 0.5}, 0.25),
+    # a fresh state (a controller started again, a new revision's hold) grows back all the same
+    ("grows-back-from-a-fresh-state", WHISPERY, CFG, PolicyState(service_max=0.120, service_on=0.125),
+     {"held": 3, "slice_": 0.125, "deployed": 0.5}, 0.25),
+    ("no-bigger-than-deployed", WHISPERY, CFG, MEASURED, {"held": 20, "slice_": 0.5, "deployed": 0.5}, None),
     # a floor's restart (min_replicas 1, at zero after a failure) is no start from zero for traffic
     ("min-replicas-restart", ScalingSpec(slo_p95_ms=500.0, min_replicas=1), CFG, MEASURED, {"slice_": 0.5}, None),
     ("already-at-min-slice", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.125}, None),

@@ -173,7 +173,7 @@ def test_a_ticks_looks_are_the_same_compiled_or_not():
     n = 40
     specs = [_spec(rng) for _ in range(n)]
     functions = interpreted_looks.Functions(
-        [f"f{i}" for i in range(n)], specs, [2.0] * n, [0.25] * n, [TABLES[i % len(TABLES)] for i in range(n)],
+        [f"f{i}" for i in range(n)], specs, [2.0] * n, [0.25] * n, [0.5] * n, [TABLES[i % len(TABLES)] for i in range(n)],
         {3: [0.5, 0.7], 9: [0.9]})
     fast_functions = functions._replace(specs=[_own_spec(spec) for spec in specs])
     replicas = [int(rng.integers(0, 4)) for _ in range(n)]
