@@ -875,10 +875,18 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
         wanted = current_slice / 2
     if wanted is None:
         return decision, state
-    detail = f"duty {state.duty_avg:.2f} on a {current_slice:g} slice -> {wanted:g}"
-    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
+    hinted, state = _asking_slice(decision, state, wanted, f"duty {state.duty_avg:.2f} on a {current_slice:g} slice "
+                                  f"-> {wanted:g}", now)
     if decision.reason in ("STABLE", "HOLD"):
         hinted = hinted._replace(reason="SLICE")
+    return hinted, state
+
+
+def _asking_slice(decision: ScaleDecision, state: PolicyState, wanted: float, why: str,
+                  now: float) -> tuple[ScaleDecision, PolicyState]:
+    """`decision` asking new replicas for `wanted`, `why` added to its detail; the state remembers
+    the ask, and the duty average measured on the old slice starts again."""
+    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {why}".strip("; "))
     return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
@@ -918,9 +926,8 @@ def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
         wanted, speed = wanted / 2, speed * 2.0
     if abs(wanted - current_slice) <= EPS:
         return decision, state
-    detail = f"starts on a {wanted:g} slice: a request alone {1000 * alone * speed:.0f} ms"
-    hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {detail}".strip("; "))
-    return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+    return _asking_slice(decision, state, wanted, f"starts on a {wanted:g} slice: a request alone "
+                         f"{1000 * alone * speed:.0f} ms", now)
 
 
 def _service_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float | None, float | None]:

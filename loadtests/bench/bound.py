@@ -92,8 +92,9 @@ def memoryless_floor(trace, profiles: list[Profile], config, initial: dict[int, 
     budget = (1.0 - target) * (arrived if requests is None else requests)
     counts, slices = {}, {}  # of the memoryless functions: requests in L, the slice each is held on
     free_forced = 0
-    for fid in np.unique(fids).tolist():
-        t = times[fids == fid]
+    order = np.argsort(fids, kind="stable")  # each function's arrivals, in time order, in one pass
+    present, first = np.unique(fids[order], return_index=True)
+    for fid, t in zip(present.tolist(), np.split(times[order], first[1:])):
         p = profiles[fid]
         gaps = np.diff(t)
         slow = p.cold_start_s > p.slo_ms / 1000.0

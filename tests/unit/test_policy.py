@@ -591,7 +591,10 @@ START_SLICE_CASES = [
     # a fresh state (a controller started again, a new revision's hold) grows back all the same
     ("grows-back-from-a-fresh-state", WHISPERY, CFG, PolicyState(service_max=0.120, service_on=0.125),
      {"held": 3, "slice_": 0.125, "deployed": 0.5}, 0.25),
-    ("no-bigger-than-deployed", WHISPERY, CFG, MEASURED, {"held": 20, "slice_": 0.5, "deployed": 0.5}, None),
+    ("many-waiting-stay-on-deployed", WHISPERY, CFG, MEASURED, {"held": 20, "slice_": 0.5, "deployed": 0.5}, None),
+    # twenty waiting on 1/8 would want more than 1/2, but a start asks for no more than 1/4 declared
+    ("no-bigger-than-deployed", WHISPERY, CFG, MEASURED._replace(slice_fraction=0.125),
+     {"held": 20, "slice_": 0.125, "deployed": 0.25}, 0.25),
     # a floor's restart (min_replicas 1, at zero after a failure) is no start from zero for traffic
     ("min-replicas-restart", ScalingSpec(slo_p95_ms=500.0, min_replicas=1), CFG, MEASURED, {"slice_": 0.5}, None),
     ("already-at-min-slice", WHISPERY, CFG, MEASURED, {"held": 1, "slice_": 0.125}, None),
