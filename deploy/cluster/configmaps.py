@@ -17,6 +17,9 @@ from functions.spec import FunctionSpec, spec_from_dict, spec_to_dict
 log = logging.getLogger("shoal.k8s.controller")
 
 FUNCTION_KIND_LABEL = "shoal.dev/kind=function"
+# what `shoal rm` leaves of a function: its last revision, so a deploy under the name again counts on
+# from it (as the SQLite registry does) and never reuses a revision a Deployment may still carry
+REMOVED_KIND = "function-removed"
 
 
 class ConfigMapFunctions:
@@ -107,21 +110,49 @@ class ConfigMapRegistry:
         found = self._read().get(spec.name)
         if found is not None and found[1] == doc:
             return self._record(*found), False
-        revision = int(found[0]["data"].get("revision", "0")) + 1 if found else 1
+        # a function removed before: on from its last revision, over what `shoal rm` left of it
+        prior = found[0] if found is not None else self._removed(spec.name)
+        revision = int((prior or {}).get("data", {}).get("revision", "0")) + 1
         created = float(found[0]["data"].get("created_at", now)) if found else now
         body = ConfigMapFunctions.config_map(doc, revision, self.namespace)
         body["data"].update(created_at=repr(created), updated_at=repr(now))
         name = body["metadata"]["name"]
-        if found is None:
+        if prior is None:
             self.core.create_namespaced_config_map(self.namespace, body)  # 409 if someone created it first
         else:
-            body["metadata"]["resourceVersion"] = found[0]["metadata"].get("resourceVersion")
+            body["metadata"]["resourceVersion"] = prior["metadata"].get("resourceVersion")
             self.core.replace_namespaced_config_map(name, self.namespace, body)  # 409 if someone raced us
         return FunctionRecord(spec, revision, created, now), True
 
-    def delete_function(self, name: str) -> None:
-        self.get_function(name)
-        self.core.delete_namespaced_config_map(f"function-{name}", self.namespace)
+    def _removed(self, name: str) -> dict[str, Any] | None:
+        """What `delete_function` left of `name` (its last revision), if anything."""
+        listing = self.core.list_namespaced_config_map(
+            self.namespace, label_selector=f"shoal.dev/kind={REMOVED_KIND},shoal.dev/function={name}")
+        items = [as_dict(cm) for cm in items_of(listing)]
+        return items[0] if items else None
+
+    def delete_function(self, name: str, attempts: int = 5) -> None:
+        """The function gone from every listing; its ConfigMap kept as a marker of its last
+        revision (no spec, another kind), so a deploy under the name again gets the next one: a
+        controller that has not yet seen the removal (a `shoal rm` and a deploy within one of its
+        ticks) sees a new revision and rolls the Deployment, never keeps the old one's template.
+        The write carries the resourceVersion read, as put_function's do, and is retried on a 409."""
+        for attempt in range(attempts):
+            found = self._read().get(name)
+            if found is None:
+                raise NotFound(name)
+            cm = found[0]
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": f"function-{name}", "namespace": self.namespace,
+                                 "resourceVersion": cm["metadata"].get("resourceVersion"),
+                                 "labels": {"shoal.dev/kind": REMOVED_KIND, "shoal.dev/function": name}},
+                    "data": {"revision": cm["data"].get("revision", "1")}}
+            try:
+                self.core.replace_namespaced_config_map(f"function-{name}", self.namespace, body)
+                return
+            except Exception as exc:  # noqa: BLE001 - only a conflict is retried
+                if getattr(exc, "status", None) != 409 or attempt == attempts - 1:
+                    raise
 
     def add_artifact(self, artifact: Any, now: float) -> None:
         """Nothing to record: the file in the PVC is the record."""

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from deploy.cluster.configmaps import ConfigMapRegistry
+from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
+from functions.registry import NotFound
 from functions.spec import spec_from_dict
 from tests.fakes.kube import FakeKube, api_error
 
@@ -100,3 +101,41 @@ class _Plain:
         if name == "list_namespaced_config_map":
             return lambda ns, label_selector=None: FakeKube.list_namespaced_config_map(self.kube, ns, label_selector)
         return getattr(self.kube, name)
+
+
+def test_a_removed_function_deployed_again_counts_on_from_its_last_revision():
+    kube = FakeKube()
+    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
+    reg.put_function(spec("f", 1), 1.0)
+    reg.put_function(spec("f", 2), 2.0)  # revision 2
+    reg.delete_function("f")
+    assert reg.list_functions() == []
+    with pytest.raises(NotFound):
+        reg.get_function("f")
+    with pytest.raises(NotFound):
+        reg.delete_function("f")  # removed once is gone
+    record, changed = reg.put_function(spec("f", 1), 5.0)  # the first spec again: still a new revision
+    assert changed and record.revision == 3 and record.created_at == 5.0
+    assert stored(kube, "f")[0] == 3 and stored(kube, "f")[1]["scaling"]["max_replicas"] == 1
+    assert [r.revision for r in reg.list_functions()] == [3]
+
+
+def test_what_rm_leaves_is_in_no_listing_of_functions():
+    kube = FakeKube()
+    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
+    reg.put_function(spec("f", 1), 1.0)
+    reg.put_function(spec("g", 1), 1.0)
+    reg.delete_function("f")
+    assert list(ConfigMapFunctions(kube, NS).functions()) == ["g"]  # the controller's and gateways' reading
+    left = kube.config_maps[(NS, "function-f")]
+    assert left["metadata"]["labels"]["shoal.dev/kind"] == "function-removed" and "spec.json" not in left["data"]
+
+
+def test_a_removal_that_meets_a_409_reads_again():
+    kube = FakeKube()
+    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
+    reg.put_function(spec("f", 1), 1.0)
+    kube.fail("replace_namespaced_config_map", api_error(409, "conflict"))
+    reg.delete_function("f")
+    assert reg.list_functions() == []
+    assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 2

@@ -4,6 +4,7 @@ against the fake API server, on a fake clock."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -365,3 +366,25 @@ def test_a_steady_tick_makes_the_same_calls_for_3_and_300_functions():
     assert _steady_calls(3) == _steady_calls(300) == sorted(
         ["read_namespaced_lease", "replace_namespaced_lease"] * 2
         + ["list_namespaced_config_map", "list_namespaced_deployment", "list_namespaced_service"])
+
+
+def test_a_function_removed_and_deployed_again_between_two_ticks_rolls_its_deployment():
+    """`shoal rm f && shoal deploy f other` within one tick: the controller never sees f gone, so
+    only a new revision tells it the Deployment runs the old template (revisions are not reused)."""
+    from deploy.cluster.configmaps import ConfigMapRegistry
+    from functions.spec import spec_from_dict
+
+    kube, clock = FakeKube(), Clock()
+    reg = ConfigMapRegistry(kube, "shoal", clock)
+    first = {"name": "digits", "artifact": f"sha256:{'a' * 64}/digits.onnx", "slice": "1/4"}
+    reg.put_function(spec_from_dict(first), clock.t)
+    c = controller(kube, lambda q: [], clock)
+    assert c.tick().applied == ["create digits to 0"]
+    reg.delete_function("digits")
+    record, _ = reg.put_function(spec_from_dict({**first, "artifact": f"sha256:{'b' * 64}/other.onnx"}), clock.t)
+    assert record.revision == 2
+    clock.t += 1
+    assert c.tick().applied == ["replace digits to 0"]
+    deployment = kube.deployments[("shoal", "fn-digits")]
+    assert deployment["metadata"]["labels"]["shoal.dev/revision"] == "2"
+    assert "other.onnx" in json.dumps(deployment["spec"]["template"])

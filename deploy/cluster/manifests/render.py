@@ -181,7 +181,7 @@ def rbac(cluster: Cluster) -> list[dict[str, Any]]:
             {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "create", "update", "delete"]},
             {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
             {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "create", "delete"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "update", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "create", "update"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
         ],
         "gateway": [
