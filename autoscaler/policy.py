@@ -905,8 +905,8 @@ def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     deployed on 1/2, 30 ms a request there, SLO 500 ms (p95 target 400 ms, half 200 ms), one
     request waiting: 1/8 (120 ms); three: 1/4 (3 x 60 = 180 ms), not 1/8 (360 ms), also when
     it runs on 1/8 now. The keep-alive weighs idle seconds at the new slice's price
-    (_cold_cost_s), so the function stays warm longer on it. The cluster controller's
-    replicas keep their Deployment's slice (a new slice is a new revision there)."""
+    (_cold_cost_s), so the function stays warm longer on it. The cluster controller runs with
+    slice_hints off: its replicas keep their Deployment's slice (a new slice is a new revision)."""
     current_slice = snapshot.slice_fraction
     if (decision.desired <= 0 or decision.reason not in ("COLD_START", "FORECAST") or not config.slice_hints
             or current_slice is None):

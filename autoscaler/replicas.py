@@ -144,7 +144,7 @@ class ReplicaScaler:
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
-        self._seen: set[str] = set()  # the functions of the last look
+        self._seen: dict[str, int] = {}  # the functions of the last look, with their revisions
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from another function's replica "
@@ -633,14 +633,22 @@ class ReplicaScaler:
                 self._spawn_task(self.stop_replica(replica, "function updated"))
             elif replica.handle is not None and (code := self.backend.exited(replica.handle)) is not None:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
-        for name in self._seen - set(functions):
+        for name, (spec, revision) in functions.items():
+            seen = self._seen.get(name)
+            hinted = self.slices.get(name) if seen is not None and seen != revision else None
+            if hinted is not None:  # a new revision starts on the slice it declares, as a new one would
+                del self.slices[name]
+                self.events("slice", f"revision {revision}: new replicas get the {spec.slice.name} slice it "
+                                     f"declares (the hint {hinted.numerator}/{hinted.denominator} was revision "
+                                     f"{seen}'s)", function=name, data={"slice": spec.slice.name, "revision": revision})
+        for name in set(self._seen) - set(functions):
             self.slices.pop(name, None)
             self.unplaced.pop(name, None)
             self.short_said.pop(name, None)
             self.rates.pop(name, None)
             self.keep_alive.pop(name, None)
             self.router.forget(name)
-        self._seen = set(functions)
+        self._seen = {name: revision for name, (_, revision) in functions.items()}
 
     @staticmethod
     def _keeps(replica: Replica, functions: dict[str, tuple[FunctionSpec, int]]) -> bool:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
 from autoscaler.coldstarts import ColdStarts
 from autoscaler.loop import Loop
-from autoscaler.policy import PolicyState, ScaleDecision
+from autoscaler.policies import Shoal
+from autoscaler.policy import DEFAULT_CONFIG, PolicyState, ScaleDecision
 from autoscaler.sources.promql import FunctionQueries, Query
 from deploy.cluster.backend import KubernetesBackend, KubernetesScaler, Observed, quiet_client_retries
 from deploy.cluster.configmaps import ConfigMapFunctions, ConfigMapRegistry
@@ -46,7 +47,10 @@ class ClusterController:
         self.lease, self.lease_s = lease, lease_s
         self.source = FunctionQueries(query)
         self.scaler = KubernetesScaler(backend, artifact, lease, lease_s)
-        self.loop = Loop(functions, self.source, self.scaler, log_event, registry or CollectorRegistry())
+        # a Deployment's replicas all run its slice (a new slice is a new revision): the policy asks
+        # for none, so no decision says it starts one on a slice it will not get
+        self.loop = Loop(functions, self.source, self.scaler, log_event, registry or CollectorRegistry(),
+                         Shoal(replace(DEFAULT_CONFIG, slice_hints=False)))
         self.is_leader = False
         self.last_decisions: dict[str, ScaleDecision] = {}
         self._runner: asyncio.AbstractEventLoop | None = None  # the ticks' own, in whichever thread ticks

@@ -388,3 +388,27 @@ def test_a_function_removed_and_deployed_again_between_two_ticks_rolls_its_deplo
     deployment = kube.deployments[("shoal", "fn-digits")]
     assert deployment["metadata"]["labels"]["shoal.dev/revision"] == "2"
     assert "other.onnx" in json.dumps(deployment["spec"]["template"])
+
+
+@pytest.mark.parametrize("hints", [True, False])
+def test_a_start_from_zero_on_the_cluster_asks_for_no_other_slice(hints):
+    """A Deployment's replicas run its slice, so the cluster's policy gives no slice hints: a
+    start from zero of a function known to take 5 ms a request on its 1/4 would ask for 1/8
+    under shoal up (`hints`: the same decide() with hints on, which does), not here."""
+    from dataclasses import replace
+
+    from autoscaler.policies import Shoal
+    from autoscaler.policy import PolicyState
+
+    kube, clock = FakeKube(), Clock()
+    deploy_function(kube)
+    c = controller(kube, lambda q: [], clock)
+    if hints:
+        c.loop.policy = Shoal(replace(c.loop.policy.config, slice_hints=True))
+    c.tick()
+    c.loop.memory.policy["digits"] = PolicyState(service_max=0.005, service_on=0.25)
+    c.poke("digits", 1)
+    clock.t += 0.5
+    decision = c.tick().decisions["digits"]
+    assert decision.reason == "COLD_START"
+    assert (decision.slice_fraction, "starts on" in decision.detail) == ((0.125, True) if hints else (None, False))
