@@ -144,7 +144,7 @@ class ReplicaScaler:
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
-        self._seen: dict[str, int] = {}  # the functions of the last look, with their revisions
+        self._seen: dict[str, tuple[FunctionSpec, int]] = {}  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self.takebacks = Counter("shoal_slice_takebacks", "Slices taken back from another function's replica "
@@ -634,9 +634,11 @@ class ReplicaScaler:
             elif replica.handle is not None and (code := self.backend.exited(replica.handle)) is not None:
                 self._spawn_task(self._fail(replica, f"{replica.id} exited with status {code}"))
         for name, (spec, revision) in functions.items():
-            seen = self._seen.get(name)
-            hinted = self.slices.get(name) if seen is not None and seen != revision else None
-            if hinted is not None:  # a new revision starts on the slice it declares, as a new one would
+            before, seen = self._seen.get(name, (spec, revision))
+            hinted = self.slices.get(name)
+            # a new revision whose replicas are replaced starts on the slice it declares, as a new
+            # function would; one that changes only scaling keeps its replicas, and their slice
+            if hinted is not None and seen != revision and not same_runtime(before, spec):
                 del self.slices[name]
                 self.events("slice", f"revision {revision}: new replicas get the {spec.slice.name} slice it "
                                      f"declares (the hint {hinted.numerator}/{hinted.denominator} was revision "
@@ -648,7 +650,7 @@ class ReplicaScaler:
             self.rates.pop(name, None)
             self.keep_alive.pop(name, None)
             self.router.forget(name)
-        self._seen = {name: revision for name, (_, revision) in functions.items()}
+        self._seen = dict(functions)
 
     @staticmethod
     def _keeps(replica: Replica, functions: dict[str, tuple[FunctionSpec, int]]) -> bool:

@@ -23,8 +23,9 @@ Steps, each with a deadline: deploy (ConfigMap, Deployment at 0, Service); the f
 held, the gateway pokes, the controller scales the Deployment, the scheduler binds, the node agent
 runs `shoal replica`, the EndpointSlice shows it ready and the held request gets 200 with its
 `Shoal-Cold-Start` phases; a burst of concurrent requests scales out to >= 2 Ready pods; idle
-returns to 0 pods; `shoal rm` removes the ConfigMap, Deployment and Service and no replica
-process is left; deployed again with `--initial 1`, the controller starts a pod with no request
+returns to 0 pods; `shoal rm` removes the Deployment and Service, leaves of the ConfigMap a marker
+of its last revision and no replica process; deployed again (the next revision) with
+`--initial 1`, the controller starts a pod with no request
 (reason INITIAL), the first request finds it ready (no hold, no poke) and idle it goes to 0.
 """
 
@@ -345,14 +346,18 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
         timings["idle_to_zero_s"] = time.monotonic() - t0
         wait_for("no replica process", lambda: not replica_processes(), 30, 0.5)
 
-        # 5. shoal rm removes all it made
+        # 5. shoal rm removes all it made but the marker of the function's last revision
         out = shoal("rm", FN, url=gateway, token=api_token)
         assert out.returncode == 0, out.stderr + out.stdout
-        cluster.wait("ConfigMap, Deployment and Service gone", lambda: cluster.get(dep_path) is None
+        cluster.wait("the function's ConfigMap, Deployment and Service gone", lambda: cluster.get(dep_path) is None
                      and cluster.get(svc_path) is None
                      and not cluster.get(f"/api/v1/namespaces/{NS}/configmaps",
                                          query=[("labelSelector", FUNCTION_KIND_LABEL)])["items"], timeout_s=30)
         assert not watcher.pods() and not replica_processes()
+        # what rm leaves of the ConfigMap: its last revision, in no listing of functions
+        left = cluster.get(f"/api/v1/namespaces/{NS}/configmaps/function-{FN}")
+        assert left["metadata"]["labels"]["shoal.dev/kind"] == "function-removed", left
+        last = int(left["data"]["revision"])
         wait_for("the gateway forgets it", lambda: FN not in _models(gateway), 20)
 
         # 6. deployed again with one initial replica (Knative's initial-scale): the controller
@@ -366,6 +371,8 @@ def test_deploy_cold_start_burst_idle_and_rm(cluster, tmp_path, digits_onnx):
                      and cluster.get(dep_path)["spec"]["replicas"] == 1
                      and any(pod_ready(p) for p in watcher.pods()), timeout_s=60, every_s=0.5)
         timings["initial_ready_s"] = time.monotonic() - t0
+        # the next revision, not 1 again: a Deployment of the old one would not be rolled
+        assert cluster.get(dep_path)["metadata"]["labels"]["shoal.dev/revision"] == str(last + 1)
         assert not [p for t, p in relay.pokes() if t >= t0_wall and f"function={FN}" in p], relay.seen[-10:]
         raised = [line for line in ctl.text().splitlines() if FN in line and "0 -> 1 replicas: INITIAL" in line]
         assert raised, ctl.text()[-3000:]

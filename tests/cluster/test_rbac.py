@@ -1,7 +1,7 @@
 """Issue 21, must-show 2: `shoal controller` and `shoal gateway` run as processes with their
 rendered ServiceAccounts' own tokens (TokenRequest), not as admin, and do their real work: the
-control API stores a function (ConfigMap create, update on a new revision, delete), the
-controller's ticks hold the Lease (create, get, update), create the function's Deployment and
+control API stores a function (ConfigMap create, update on a new revision and on its removal),
+the controller's ticks hold the Lease (create, get, update), create the function's Deployment and
 Service, scale it through the scale subresource on a gateway's poke, roll it to the new revision
 (update) and delete both when the function goes; the gateway lists the function ConfigMaps and
 the EndpointSlices. Every request each made is read back from the API server's audit log (up.sh)

@@ -88,8 +88,15 @@ def test_deploy_ls_rm_through_the_gateway(cluster_roles, digits_onnx):
         assert shoal.status()["functions"]["digits"]["revision"] == 2
         assert [e["kind"] for e in shoal.events("digits")] == ["deploy", "deploy"]
         shoal.delete("digits")
-        assert ("shoal", "function-digits") not in kube.config_maps
+        # what rm leaves: a marker of the last revision, in no listing of functions
+        left = kube.config_maps[("shoal", "function-digits")]
+        assert left["metadata"]["labels"]["shoal.dev/kind"] == "function-removed" and left["data"] == {"revision": "2"}
+        assert ConfigMapFunctions(kube, "shoal").functions() == {} and shoal.functions() == []
         assert ctl.tick().applied == ["delete digits"]
+        # deployed again under the name: the next revision, never one a Deployment may still carry
+        assert shoal.deploy(digits_onnx, "digits", slice="1/4", max_replicas=3)["revision"] == 3
+        assert ctl.tick().applied == ["create digits to 0"]
+        assert kube.deployments[("shoal", "fn-digits")]["metadata"]["labels"]["shoal.dev/revision"] == "3"
 
 
 def test_what_the_cluster_cannot_run_is_refused_at_deploy(cluster_roles, digits_onnx):

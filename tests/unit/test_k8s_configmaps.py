@@ -132,10 +132,15 @@ def test_what_rm_leaves_is_in_no_listing_of_functions():
 
 
 def test_a_removal_that_meets_a_409_reads_again():
-    kube = FakeKube()
-    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
-    reg.put_function(spec("f", 1), 1.0)
-    kube.fail("replace_namespaced_config_map", api_error(409, "conflict"))
-    reg.delete_function("f")
-    assert reg.list_functions() == []
-    assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 2
+    """Another writer deploys revision 2 between the removal's read and its write: the write is a
+    409, the removal reads again and marks revision 2 as the last, so a deploy after it gets 3."""
+    kube = Racing()
+    ours, theirs = ConfigMapRegistry(kube, NS, lambda: 1.0), ConfigMapRegistry(_Plain(kube), NS, lambda: 1.0)
+    kube.other_registry = theirs
+    ours.put_function(spec("f", 1), 1.0)
+    kube.other.append(spec("f", 2))  # written after the removal's first read
+    ours.delete_function("f")
+    assert ours.list_functions() == []
+    assert kube.config_maps[(NS, "function-f")]["data"] == {"revision": "2"}
+    assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 3  # theirs, our 409, ours
+    assert ours.put_function(spec("f", 3), 2.0)[0].revision == 3

@@ -394,30 +394,37 @@ def test_a_slice_hint_reaches_the_next_snapshot_with_the_batch_table_at_its_spee
     assert _flat(local.loop.memory.batch["digits"][1]) == pytest.approx([1.0, 0.002, 7.6, 0.00295])
 
 
-def test_a_new_revision_starts_on_the_slice_it_declares(monkeypatch):
-    """A slice hint is the policy's for the revision it ran: redeployed on 1/2 (revision 2), new
-    replicas get 1/2, not the 1/8 the hint of revision 1 asked for, and an event says so; the
-    same revision looked at again keeps its hint."""
-    revision = {"n": 1, "slice": "1/4"}
+@pytest.mark.parametrize("change, seen, said", [
+    # a new slice: new replicas, on the slice it declares, and an event says so
+    ({"slice": "1/2"}, [0.125, 0.5, 0.5], "revision 2: new replicas get the 1/2 slice it declares (the hint 1/8 "
+                                          "was revision 1's)"),
+    # scaling only: the running replicas serve it (same_runtime), on the slice they run
+    ({"scaling": {"max_replicas": 4, "target_concurrency": 2}}, [0.125, 0.125, 0.125], None),
+], ids=["new-slice", "scaling-only"])
+def test_a_new_revision_starts_on_the_slice_it_declares(monkeypatch, change, seen, said):
+    """A slice hint is the policy's for the replicas it ran on: redeployed with other replicas
+    (revision 2 on 1/2), new replicas get 1/2, not the 1/8 the hint of revision 1 asked for; a
+    revision that changes only scaling keeps its replicas and their slice. The same revision
+    looked at again keeps what it had."""
+    revision = {"n": 1, "spec": SPEC}
     monkeypatch.setattr(_Functions, "functions", lambda self: {
-        "digits": (spec_from_dict(dict(SPEC, slice=revision["slice"])), revision["n"])})
+        "digits": (spec_from_dict(revision["spec"]), revision["n"])})
     local = Local()
-    spec = spec_from_dict(SPEC)
     hint = ScaleDecision(0, "SLICE", "duty 0.05 on a 0.25 slice -> 0.125", slice_fraction=0.125)
-    seen = []
+    got = []
     try:
-        local.runner.run_until_complete(local.loop.scaler.apply({"digits": Target(spec, 1, 0, hint)}, frozenset()))
-        for n, declared in ((1, "1/4"), (2, "1/2"), (2, "1/2")):
-            revision.update(n=n, slice=declared)
+        local.runner.run_until_complete(local.loop.scaler.apply(
+            {"digits": Target(spec_from_dict(SPEC), 1, 0, hint)}, frozenset()))
+        for n, spec in ((1, SPEC), (2, {**SPEC, **change}), (2, {**SPEC, **change})):
+            revision.update(n=n, spec=spec)
             local.load(0, 0)
             local.tick()
-            seen.append(local.loop.snapshots["digits"].slice_fraction)
+            got.append(local.loop.snapshots["digits"].slice_fraction)
     finally:
         local.close()
-    assert seen == [0.125, 0.5, 0.5]
-    slices = [e for e in local.events if e[0] == "slice"]
-    assert len(slices) == 2 and "revision 2: new replicas get the 1/2 slice it declares (the hint 1/8 was " \
-        "revision 1's)" in slices[1][1]
+    assert got == seen
+    slices = [e[1] for e in local.events if e[0] == "slice"]
+    assert slices[1:] == ([said] if said else []), slices
 
 
 def test_the_policy_reads_a_table_carried_to_the_specs_largest_batch(monkeypatch):
