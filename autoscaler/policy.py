@@ -236,7 +236,7 @@ def decide(
 ) -> tuple[ScaleDecision, PolicyState]:
     current = snapshot.ready + snapshot.starting
     active = snapshot.demand > 0 or snapshot.rps > 0
-    state = _unlooked(state, snapshot, spec, now, config)
+    state = _unlooked(_slice_kept(state, snapshot, now), snapshot, spec, now, config)
     gaps, gap_quantiles = state.gaps, state.gap_quantiles
     if active and state.last_active_at is not None and now - state.last_active_at >= config.gap_min_s:
         gaps = (gaps + (now - state.last_active_at,))[-config.gaps_kept:]
@@ -880,6 +880,18 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     if decision.reason in ("STABLE", "HOLD"):
         hinted = hinted._replace(reason="SLICE")
     return hinted, state
+
+
+def _slice_kept(state: PolicyState, snapshot: MetricsSnapshot, now: float) -> PolicyState:
+    """The state on the slice new replicas get, where that is not the one the policy last asked
+    for: a new revision of `shoal up` that replaces its replicas starts on the slice it declares
+    (ReplicaScaler._reap). The duty averaged on the old slice says nothing of the new one, and
+    the next hint waits a whole slice_window_s of it, as after a hint (_asking_slice). The
+    simulator applies every hint, so it never differs there."""
+    asked, running = state.slice_fraction, snapshot.slice_fraction
+    if asked is None or running is None or abs(asked - running) <= EPS:
+        return state
+    return state._replace(slice_fraction=running, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
 def _asking_slice(decision: ScaleDecision, state: PolicyState, wanted: float, why: str,

@@ -699,6 +699,23 @@ def test_hints_are_spaced_from_the_last_one(slice_at, now, hint):
     assert decision.slice_fraction == hint
 
 
+@pytest.mark.parametrize("running, hint", [
+    (0.25, 0.5),  # the slice asked for: the evidence of a whole window stands
+    (0.5, None),  # another (a new revision declares 1/2): the evidence starts again
+], ids=["as-asked", "another-slice"])
+def test_a_slice_other_than_the_one_asked_for_starts_the_evidence_again(running, hint):
+    """The policy asked for 1/4 at 300 and has been hot on it since; at 600 new replicas get
+    `running`. On 1/4 the window is whole: 1/2. On 1/2 (shoal up's new revision declares it,
+    ReplicaScaler._reap) the duty measured on 1/4 says nothing of it: no hint (1.0 without this
+    rule), the state takes 1/2 and the next hint waits a window from 600."""
+    state = PolicyState(duty_avg=0.9, duty_since=300.0, duty_last=599.0, slice_at=300.0, slice_fraction=0.25)
+    decision, after = decide(snap(at=600.0, **{**HOT, "slice_": running}), CAPPED, state, 600.0, CFG)
+    assert decision.slice_fraction == hint
+    assert after.slice_fraction == (hint or running) and after.slice_at == 600.0
+    if hint is None:
+        assert after.duty_since == 600.0  # the duty average begins with this look
+
+
 def test_no_hint_is_not_a_hint_for_the_same_slice():
     # a decision without a hint leaves slice_fraction None (keep what new replicas get now)
     decision, _ = decide(snap(**HOT), CAPPED, PolicyState(), 0.0, CFG)
