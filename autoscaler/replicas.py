@@ -641,8 +641,8 @@ class ReplicaScaler:
             if hinted is not None and seen != revision and not same_runtime(before, spec):
                 del self.slices[name]
                 self.events("slice", f"revision {revision}: new replicas get the {spec.slice.name} slice it "
-                                     f"declares (the hint {hinted.numerator}/{hinted.denominator} was revision "
-                                     f"{seen}'s)", function=name, data={"slice": spec.slice.name, "revision": revision})
+                                     f"declares (the hint {hinted.numerator}/{hinted.denominator} was for "
+                                     f"revision {seen}'s replicas)", function=name, data={"slice": spec.slice.name, "revision": revision})
         for name in set(self._seen) - set(functions):
             self.slices.pop(name, None)
             self.unplaced.pop(name, None)

@@ -397,7 +397,7 @@ def test_a_slice_hint_reaches_the_next_snapshot_with_the_batch_table_at_its_spee
 @pytest.mark.parametrize("change, seen, said", [
     # a new slice: new replicas, on the slice it declares, and an event says so
     ({"slice": "1/2"}, [0.125, 0.5, 0.5], "revision 2: new replicas get the 1/2 slice it declares (the hint 1/8 "
-                                          "was revision 1's)"),
+                                          "was for revision 1's replicas)"),
     # scaling only: the running replicas serve it (same_runtime), on the slice they run
     ({"scaling": {"max_replicas": 4, "target_concurrency": 2}}, [0.125, 0.125, 0.125], None),
 ], ids=["new-slice", "scaling-only"])
@@ -406,23 +406,36 @@ def test_a_new_revision_starts_on_the_slice_it_declares(monkeypatch, change, see
     (revision 2 on 1/2), new replicas get 1/2, not the 1/8 the hint of revision 1 asked for; a
     revision that changes only scaling keeps its replicas and their slice. The same revision
     looked at again keeps what it had."""
+    from autoscaler.policy import PolicyState
+
     revision = {"n": 1, "spec": SPEC}
     monkeypatch.setattr(_Functions, "functions", lambda self: {
         "digits": (spec_from_dict(revision["spec"]), revision["n"])})
     local = Local()
     hint = ScaleDecision(0, "SLICE", "duty 0.05 on a 0.25 slice -> 0.125", slice_fraction=0.125)
-    got = []
+    got, states = [], []
     try:
         local.runner.run_until_complete(local.loop.scaler.apply(
             {"digits": Target(spec_from_dict(SPEC), 1, 0, hint)}, frozenset()))
+        # the policy that asked for it, a duty average of a window begun at T0 - 300 (policy._slice_kept)
+        local.loop.memory.policy["digits"] = PolicyState(slice_fraction=0.125, slice_at=T0 - 300, duty_avg=0.05,
+                                                         duty_since=T0 - 300, duty_last=T0 - 1)
         for n, spec in ((1, SPEC), (2, {**SPEC, **change}), (2, {**SPEC, **change})):
             revision.update(n=n, spec=spec)
             local.load(0, 0)
             local.tick()
             got.append(local.loop.snapshots["digits"].slice_fraction)
+            state = local.loop.memory.policy["digits"]
+            states.append((state.slice_fraction, state.slice_at))
     finally:
         local.close()
     assert got == seen
+    # the policy's state follows: on a slice it did not ask for its evidence starts again
+    assert [s for s, _ in states] == seen
+    if said:
+        assert states[1][1] > states[0][1] == T0 - 300  # slice_at: the revision 2 look's time
+    else:
+        assert {at for _, at in states} == {T0 - 300}
     slices = [e[1] for e in local.events if e[0] == "slice"]
     assert slices[1:] == ([said] if said else []), slices
 
