@@ -54,6 +54,13 @@ class ConfigMapFunctions:
                 "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
 
 
+def _revision_of(cm: dict[str, Any] | None) -> int:
+    """The revision a function's ConfigMap records; 0 for none, or one edited into something
+    that is not a number."""
+    text = str(((cm or {}).get("data") or {}).get("revision", "0"))
+    return int(text) if text.isdigit() else 0
+
+
 class ConfigMapRegistry:
     """Functions as ConfigMaps; the registry interface deploy/api.py uses."""
 
@@ -110,9 +117,10 @@ class ConfigMapRegistry:
         found = self._read().get(spec.name)
         if found is not None and found[1] == doc:
             return self._record(*found), False
-        # a function removed before: on from its last revision, over what `shoal rm` left of it
-        prior = found[0] if found is not None else self._removed(spec.name)
-        revision = int((prior or {}).get("data", {}).get("revision", "0")) + 1
+        # a function removed before (on from its last revision, over what `shoal rm` left of it),
+        # or one whose spec does not read (replaced by this one)
+        prior = found[0] if found is not None else self._stored(spec.name)
+        revision = _revision_of(prior) + 1
         created = float(found[0]["data"].get("created_at", now)) if found else now
         body = ConfigMapFunctions.config_map(doc, revision, self.namespace)
         body["data"].update(created_at=repr(created), updated_at=repr(now))
@@ -124,11 +132,11 @@ class ConfigMapRegistry:
             self.core.replace_namespaced_config_map(name, self.namespace, body)  # 409 if someone raced us
         return FunctionRecord(spec, revision, created, now), True
 
-    def _removed(self, name: str) -> dict[str, Any] | None:
-        """What `delete_function` left of `name` (its last revision), if anything."""
-        listing = self.core.list_namespaced_config_map(
-            self.namespace, label_selector=f"shoal.dev/kind={REMOVED_KIND},shoal.dev/function={name}")
-        items = [as_dict(cm) for cm in items_of(listing)]
+    def _stored(self, name: str) -> dict[str, Any] | None:
+        """The ConfigMap of `name` whatever it holds: what `delete_function` left of it (its last
+        revision), or a function whose spec does not read (which _read leaves out)."""
+        listing = self.core.list_namespaced_config_map(self.namespace, label_selector=f"shoal.dev/function={name}")
+        items = [cm for cm in map(as_dict, items_of(listing)) if cm["metadata"]["name"] == f"function-{name}"]
         return items[0] if items else None
 
     def delete_function(self, name: str, attempts: int = 5) -> None:
@@ -139,14 +147,14 @@ class ConfigMapRegistry:
         The write carries the resourceVersion read, as put_function's do, and is retried on a 409."""
         for attempt in range(attempts):
             found = self._read().get(name)
-            if found is None:
+            cm = found[0] if found is not None else self._stored(name)  # one whose spec does not read, too
+            if cm is None or (cm["metadata"].get("labels") or {}).get("shoal.dev/kind") != "function":
                 raise NotFound(name)
-            cm = found[0]
             body = {"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": f"function-{name}", "namespace": self.namespace,
                                  "resourceVersion": cm["metadata"].get("resourceVersion"),
                                  "labels": {"shoal.dev/kind": REMOVED_KIND, "shoal.dev/function": name}},
-                    "data": {"revision": cm["data"].get("revision", "1")}}
+                    "data": {"revision": str(max(1, _revision_of(cm)))}}
             try:
                 self.core.replace_namespaced_config_map(f"function-{name}", self.namespace, body)
                 return

@@ -144,3 +144,26 @@ def test_a_removal_that_meets_a_409_reads_again():
     assert kube.config_maps[(NS, "function-f")]["data"] == {"revision": "2"}
     assert sum(c.startswith("replace_namespaced_config_map") for c in kube.calls) == 3  # theirs, our 409, ours
     assert ours.put_function(spec("f", 3), 2.0)[0].revision == 3
+
+
+def test_a_function_whose_spec_does_not_read_can_be_removed_and_deployed_over():
+    """A function ConfigMap edited by hand into bad JSON is in no listing (the controller keeps
+    what runs for it); `shoal rm` still removes it (a marker of its revision), and a deploy
+    over it, or over its marker, takes the next revision instead of failing on AlreadyExists."""
+    kube = FakeKube()
+    reg = ConfigMapRegistry(kube, NS, lambda: 1.0)
+    reg.put_function(spec("f", 1), 1.0)
+    reg.put_function(spec("f", 2), 1.0)  # revision 2
+    kube.config_maps[(NS, "function-f")]["data"]["spec.json"] = "{not json"
+    functions = ConfigMapFunctions(kube, NS)
+    assert reg.list_functions() == [] and functions.functions() == {} and functions.broken == {"f"}
+    reg.delete_function("f")
+    assert kube.config_maps[(NS, "function-f")]["data"] == {"revision": "2"}
+    with pytest.raises(NotFound):
+        reg.delete_function("f")
+    # broken again, then deployed over without a removal
+    assert reg.put_function(spec("f", 1), 2.0)[0].revision == 3
+    kube.config_maps[(NS, "function-f")]["data"]["spec.json"] = "{not json"
+    record, changed = reg.put_function(spec("f", 5), 3.0)
+    assert changed and record.revision == 4 and [r.revision for r in reg.list_functions()] == [4]
+    assert not any(c.startswith("create_namespaced_config_map") for c in kube.calls[-3:])
