@@ -891,7 +891,12 @@ def _slice_kept(state: PolicyState, snapshot: MetricsSnapshot, now: float) -> Po
     asked, running = state.slice_fraction, snapshot.slice_fraction
     if asked is None or running is None or abs(asked - running) <= EPS:
         return state
-    return state._replace(slice_fraction=running, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+    return _on_slice(state, running, now)
+
+
+def _on_slice(state: PolicyState, slice_fraction: float, now: float) -> PolicyState:
+    """The state on a new slice from `now`: the duty averaged on the old one starts again."""
+    return state._replace(slice_fraction=slice_fraction, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
 
 
 def _asking_slice(decision: ScaleDecision, state: PolicyState, wanted: float, why: str,
@@ -899,7 +904,7 @@ def _asking_slice(decision: ScaleDecision, state: PolicyState, wanted: float, wh
     """`decision` asking new replicas for `wanted`, `why` added to its detail; the state remembers
     the ask, and the duty average measured on the old slice starts again."""
     hinted = decision._replace(slice_fraction=wanted, detail=f"{decision.detail}; {why}".strip("; "))
-    return hinted, state._replace(slice_fraction=wanted, slice_at=now, duty_avg=None, duty_since=None, duty_last=None)
+    return hinted, _on_slice(state, wanted, now)
 
 
 def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,

@@ -54,6 +54,19 @@ class ConfigMapFunctions:
                 "data": {"spec.json": json.dumps(spec_json, sort_keys=True), "revision": str(revision)}}
 
 
+def _kind_of(cm: dict[str, Any] | None) -> str | None:
+    return None if cm is None else (cm["metadata"].get("labels") or {}).get("shoal.dev/kind")
+
+
+def _spec_of(cm: dict[str, Any]) -> dict[str, Any] | None:
+    """A function ConfigMap's spec as stored; None where it does not read (edited by hand)."""
+    try:
+        doc = json.loads((cm.get("data") or {})["spec.json"])
+    except (KeyError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _revision_of(cm: dict[str, Any] | None) -> int:
     """The revision a function's ConfigMap records; 0 for none, or one edited into something
     that is not a number."""
@@ -102,26 +115,32 @@ class ConfigMapRegistry:
         makes ours a 409 (Conflict, or AlreadyExists on a create); then the ConfigMap is read again
         and the revision counted from what the other wrote, up to `attempts` times: no update is
         lost and no revision number is given twice."""
+        return self._on_conflict_again(spec.name, attempts, lambda: self._put_once(spec, now))
+
+    def _on_conflict_again(self, name: str, attempts: int, once: Callable[[], Any]) -> Any:
+        """`once()`, which reads the function's ConfigMap and writes it with the resourceVersion it
+        read, called again on a 409 (another writer came between), up to `attempts` times; any
+        other error at once."""
         for attempt in range(attempts):
             try:
-                return self._put_once(spec, now)
+                return once()
             except Exception as exc:  # noqa: BLE001 - only a conflict is retried
                 if getattr(exc, "status", None) != 409 or attempt == attempts - 1:
                     raise
-                log.info("function %s: conflict writing its ConfigMap (%s); reading it again", spec.name,
+                log.info("function %s: conflict writing its ConfigMap (%s); reading it again", name,
                          getattr(exc, "reason", exc))
         raise AssertionError("unreachable")
 
     def _put_once(self, spec: FunctionSpec, now: float) -> tuple[FunctionRecord, bool]:
         doc = spec_to_dict(spec)
-        found = self._read().get(spec.name)
-        if found is not None and found[1] == doc:
-            return self._record(*found), False
-        # a function removed before (on from its last revision, over what `shoal rm` left of it),
-        # or one whose spec does not read (replaced by this one)
-        prior = found[0] if found is not None else self._stored(spec.name)
+        # the ConfigMap whatever it holds: the function (its spec as read, if it reads), what
+        # `shoal rm` left of it (on from its last revision), or nothing
+        prior = self._stored(spec.name)
+        found = _spec_of(prior) if _kind_of(prior) == "function" else None
+        if found is not None and found == doc:
+            return self._record(prior, found), False
         revision = _revision_of(prior) + 1
-        created = float(found[0]["data"].get("created_at", now)) if found else now
+        created = float(prior["data"].get("created_at", now)) if found is not None else now
         body = ConfigMapFunctions.config_map(doc, revision, self.namespace)
         body["data"].update(created_at=repr(created), updated_at=repr(now))
         name = body["metadata"]["name"]
@@ -133,8 +152,8 @@ class ConfigMapRegistry:
         return FunctionRecord(spec, revision, created, now), True
 
     def _stored(self, name: str) -> dict[str, Any] | None:
-        """The ConfigMap of `name` whatever it holds: what `delete_function` left of it (its last
-        revision), or a function whose spec does not read (which _read leaves out)."""
+        """The ConfigMap of `name` whatever it holds: a function (its spec readable or not: _read
+        leaves out one that does not read), or what `delete_function` left of it."""
         listing = self.core.list_namespaced_config_map(self.namespace, label_selector=f"shoal.dev/function={name}")
         items = [cm for cm in map(as_dict, items_of(listing)) if cm["metadata"]["name"] == f"function-{name}"]
         return items[0] if items else None
@@ -144,23 +163,20 @@ class ConfigMapRegistry:
         revision (no spec, another kind), so a deploy under the name again gets the next one: a
         controller that has not yet seen the removal (a `shoal rm` and a deploy within one of its
         ticks) sees a new revision and rolls the Deployment, never keeps the old one's template.
-        The write carries the resourceVersion read, as put_function's do, and is retried on a 409."""
-        for attempt in range(attempts):
-            found = self._read().get(name)
-            cm = found[0] if found is not None else self._stored(name)  # one whose spec does not read, too
-            if cm is None or (cm["metadata"].get("labels") or {}).get("shoal.dev/kind") != "function":
-                raise NotFound(name)
-            body = {"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": f"function-{name}", "namespace": self.namespace,
-                                 "resourceVersion": cm["metadata"].get("resourceVersion"),
-                                 "labels": {"shoal.dev/kind": REMOVED_KIND, "shoal.dev/function": name}},
-                    "data": {"revision": str(max(1, _revision_of(cm)))}}
-            try:
-                self.core.replace_namespaced_config_map(f"function-{name}", self.namespace, body)
-                return
-            except Exception as exc:  # noqa: BLE001 - only a conflict is retried
-                if getattr(exc, "status", None) != 409 or attempt == attempts - 1:
-                    raise
+        A function whose spec does not read is removed too. The write carries the resourceVersion
+        read, as put_function's do, and is retried on a 409."""
+        self._on_conflict_again(name, attempts, lambda: self._delete_once(name))
+
+    def _delete_once(self, name: str) -> None:
+        cm = self._stored(name)
+        if _kind_of(cm) != "function":
+            raise NotFound(name)
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"function-{name}", "namespace": self.namespace,
+                             "resourceVersion": cm["metadata"].get("resourceVersion"),
+                             "labels": {"shoal.dev/kind": REMOVED_KIND, "shoal.dev/function": name}},
+                "data": {"revision": str(max(1, _revision_of(cm)))}}
+        self.core.replace_namespaced_config_map(f"function-{name}", self.namespace, body)
 
     def add_artifact(self, artifact: Any, now: float) -> None:
         """Nothing to record: the file in the PVC is the record."""
