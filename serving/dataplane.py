@@ -17,7 +17,7 @@ import numpy as np
 from functions.spec import LIMITS, BatchingSpec
 from serving import __version__
 from serving.batch_loop import BatchLoop, Pending
-from serving.executor import SliceExecutor
+from serving.executor import SliceExecutor, device_lost
 from serving.metrics import ReplicaMetrics
 from serving.models.base import Model
 from serving.protocol.codec import cast_json_array
@@ -52,6 +52,8 @@ class DataPlane:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.ready = False
+        self.lost: str | None = None  # the sticky CUDA error a model call met (executor.device_lost)
+        self.on_lost: Callable[[str], None] | None = None  # told once, when the device is lost
         self._batching = batching
         self._loop = BatchLoop(batching, self._execute, clock)
         metrics.queued.set_function(lambda: len(self._loop))
@@ -70,8 +72,11 @@ class DataPlane:
         self.metrics.ready.set(1)
 
     def hung(self) -> str | None:
-        """Why this replica is not live: one model call has run past the request timeout
-        (its request was answered 504; the slice's thread is still inside the model)."""
+        """Why this replica is not live: its device was lost (a sticky CUDA error: every later
+        call would fail), or one model call has run past the request timeout (its request was
+        answered 504; the slice's thread is still inside the model)."""
+        if self.lost is not None:
+            return f"its device was lost: {self.lost}"
         stalled = self.executor.stalled_s()
         if stalled > self.request_timeout_s:
             return (f"the model has been inside one call for {stalled:.1f} s, past the request timeout "
@@ -163,8 +168,19 @@ class DataPlane:
             result = await self.executor.run(fn, *args)
         except Exception as exc:
             _resolve_error(pending.future, exc, self.model.name)
+            self._check_lost(exc)
         else:
             _resolve(pending.future, result)
+
+    def _check_lost(self, exc: Exception) -> None:
+        lost = device_lost(exc)
+        if lost is None or self.lost is not None:
+            return
+        self.lost = lost
+        self.metrics.ready.set(0)
+        log.error("model %s lost its device: %s", self.model.name, lost)
+        if self.on_lost is not None:
+            self.on_lost(lost)
 
     # ------------------------------------------------------------------ V1
 

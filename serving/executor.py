@@ -107,6 +107,35 @@ _SPAN = 720720
 EMULATED_COMPUTE_ENV = "SHOAL_EMULATED_COMPUTE"  # the file of the emulated device a replica runs on
 
 
+# The CUDA runtime's sticky errors (cudaGetErrorString's words): after one, every later call of
+# the process fails the same way, and under MPS a fatal one reaches every client of the GPU's
+# server, which takes no new client until they have all exited. Out of memory is not one.
+_STICKY_CUDA = (
+    "an illegal memory access was encountered",  # cudaErrorIllegalAddress, 700
+    "device-side assert triggered",  # cudaErrorAssert, 710
+    "unspecified launch failure",  # cudaErrorLaunchFailure, 719
+    "an illegal instruction was encountered",  # 715
+    "misaligned address",  # 716
+    "invalid program counter",  # 718
+    "hardware stack error",  # 714
+    "the launch timed out and was terminated",  # 702
+    "uncorrectable ecc error encountered",  # 214
+    "mps client terminated",  # cudaErrorMpsClientTerminated, 810
+    "terminated by the server",  # the same, in its longer words
+    "procedural call between the mps server and the mps client failed",  # cudaErrorMpsRpcFailure, 806
+)
+
+
+def device_lost(exc: BaseException) -> str | None:
+    """The sticky CUDA error `exc` reports (its first line), or None: a replica that met one cannot
+    serve again, and exits to be replaced (serving.replica)."""
+    text = str(exc)
+    low = text.lower()
+    if "cuda" in low and any(words in low for words in _STICKY_CUDA):
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return None
+
+
 class EmulatedCompute:
     """An emulated device's compute, shared by the replicas on it. A model call holds its slice's
     share of the device (a range of `_SPAN` byte positions of one file, locked with fcntl) while it

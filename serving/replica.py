@@ -9,7 +9,8 @@ exceptions to statuses with the table in serving/protocol/errors.py (written by
 serving/asgi.py's `send_error`, as every Shoal server does). It binds
 127.0.0.1 unless told otherwise, is live as soon as it listens, ready once the
 model has loaded, and on SIGTERM stops accepting, finishes in-flight requests
-and exits.
+and exits. A model call that meets a sticky CUDA error (the device lost: every
+later call would fail) does the same, with status 4, so that it is replaced.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ log = logging.getLogger("shoal.replica")
 
 OCTET = b"application/octet-stream"
 DEFAULT_MAX_BODY_BYTES = LIMITS.max_body_bytes
+EXIT_LOAD_FAILED = 3
+EXIT_DEVICE_LOST = 4  # a sticky CUDA error (serving.executor.device_lost): replace this replica
 
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
@@ -416,13 +419,22 @@ def _run_server(app: ReplicaApp, dataplane, executor: SliceExecutor, sockets, lo
             await dataplane.load()
         except load_error_type as exc:
             print(f"shoal replica: {exc}", file=sys.stderr, flush=True)
-            exit_code, server.should_exit = 3, True
+            exit_code, server.should_exit = EXIT_LOAD_FAILED, True
         except Exception as exc:
             print(f"shoal replica: loading the model failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            exit_code, server.should_exit = 3, True
+            exit_code, server.should_exit = EXIT_LOAD_FAILED, True
 
     async def startup() -> None:
         app.loader_task = asyncio.get_running_loop().create_task(load_model())
+
+    def device_lost(why: str) -> None:
+        # every later call would fail: drain (the requests queued fail as fast) and exit to be
+        # replaced; under MPS the GPU's server takes no new client until its clients have exited
+        nonlocal exit_code
+        print(f"shoal replica: the device was lost ({why}); exiting to be replaced", file=sys.stderr, flush=True)
+        exit_code, server.should_exit = EXIT_DEVICE_LOST, True
+
+    dataplane.on_lost = device_lost
 
     app.on_startup.append(startup)
     app.on_shutdown.append(dataplane.stop)

@@ -244,8 +244,11 @@ def render_top(status: dict) -> str:
             duty = f"{r['duty']:.0%}" if r.get("duty") is not None else "-"
             device = r["device"] + (" (emulated)" if r.get("emulated") else "")
             rows.append(("", r["id"], r["state"], device, r["slice"], duty, f"{r.get('inflight', 0):g}", "", "", ""))
-    devices = "  ".join(f"{d['id']}{'*' if d['emulated'] else ''} {d['allocated']:.0%}" for d in status["devices"])
-    return _table(rows) + f"\n\ndevices (allocated share; * emulated): {devices}"
+    devices = "  ".join(f"{d['id']}{'*' if d['emulated'] else ''}{' ' + d['sharing'] if d.get('sharing') else ''} "
+                        f"{d['allocated']:.0%}" for d in status["devices"])
+    sharing = status.get("gpu_sharing") or {"mode": "none"}
+    gpus = "" if sharing["mode"] == "none" else f"\nGPU sharing: {sharing['mode']} ({sharing['why']})"
+    return _table(rows) + f"\n\ndevices (allocated share; * emulated; a GPU's sharing): {devices}{gpus}"
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

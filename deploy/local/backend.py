@@ -21,10 +21,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import httpx
 
 from autoscaler.placement import Placement
+from deploy.local.mps import LOG_ENV, PIPE_ENV
 from functions.spec import LIMITS, FunctionSpec
 from serving.executor import EMULATED_COMPUTE_ENV
 
@@ -48,14 +50,20 @@ class LocalReplica:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def _socket_dir(state_dir: Path) -> Path:
-    """Where replicas' Unix sockets live: under the state directory, unless its path is too
-    long for sun_path (108 bytes with the socket's name), then a temp dir named after the
-    state directory, so the next start finds and clears what a killed control plane left."""
-    path = state_dir.resolve() / "sockets"
+def short_dir(state_dir: Path, name: str) -> Path:
+    """`name` under the state directory, unless that path is too long to hold Unix sockets
+    (sun_path: 108 bytes with the socket's name), then a temp dir named after it, so that the
+    next start finds what a killed control plane left there."""
+    path = state_dir.resolve() / name
     if len(str(path)) > 70:
         digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
         path = Path(tempfile.gettempdir()) / f"shoal-{digest}"
+    return path
+
+
+def _socket_dir(state_dir: Path) -> Path:
+    """Where replicas' Unix sockets live (short_dir), cleared of what a killed control plane left."""
+    path = short_dir(state_dir, "sockets")
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(mode=0o700, parents=True)
     return path
@@ -67,15 +75,18 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def replica_env(placement: Placement, compute_dir: Path | None = None) -> dict[str, str]:
+def replica_env(placement: Placement, compute_dir: Path | None = None,
+                gpu_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """How the slice is enforced from outside the replica process; on an emulated device, the file
     its replicas share the device's compute through (serving.executor.EmulatedCompute), one per
-    device under `compute_dir`."""
+    device under `compute_dir`; on a GPU, `gpu_env` too (the MPS daemon's directories, where the
+    replicas are its clients: deploy.local.mps), under which the MPS limits hold."""
     env = {"PYTHONUNBUFFERED": "1"}
     device = placement.device
     if device.emulated and compute_dir is not None:
         env[EMULATED_COMPUTE_ENV] = str(compute_dir / f"{device.id.replace(':', '-')}.compute")
     if device.kind == "gpu":
+        env.update(gpu_env or {})
         env["CUDA_VISIBLE_DEVICES"] = device.id.split(":", 1)[1]
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(float(placement.fraction) * 100)))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={placement.memory_mib}M"
@@ -136,8 +147,11 @@ class LocalBackend:
         self.socket_dir = _socket_dir(self.state_dir)
         self.compute_dir = self.state_dir / "emulated"  # the emulated devices' compute, shared by their replicas
         self.compute_dir.mkdir(parents=True, exist_ok=True)
+        self.gpu_env: dict[str, str] = {}  # what a GPU replica's sharing needs (deploy.local.mps)
 
-    async def start(self) -> None:
+    async def start(self, gpu_env: Mapping[str, str] | None = None) -> None:
+        """Start the zygote; GPU replicas get `gpu_env` (their sharing: deploy.local.mps)."""
+        self.gpu_env = dict(gpu_env or {})
         self._http = httpx.AsyncClient(timeout=2.0)
         await self._start_zygote()
 
@@ -148,7 +162,9 @@ class LocalBackend:
             self._zygote = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "deploy.local.zygote",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                # an MPS daemon is a GPU replica's only where its sharing says (gpu_env)
+                env={**{k: v for k, v in os.environ.items() if k not in (PIPE_ENV, LOG_ENV)},
+                     "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             )
         hello = json.loads(await asyncio.wait_for(self._zygote.stdout.readline(), 60))
         assert hello["op"] == "hello", hello
@@ -195,7 +211,8 @@ class LocalBackend:
         artifact = self.artifact_path(spec.artifact)
         self._command({
             "op": "spawn", "id": replica_id, "log": str(replica.log_path),
-            "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds), "env": replica_env(placement, self.compute_dir),
+            "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds),
+            "env": replica_env(placement, self.compute_dir, self.gpu_env),
         })
         replica.pid = await asyncio.wait_for(future, 30)
         self._by_pid[replica.pid] = replica

@@ -2,7 +2,7 @@
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
              [--auth-inference] [--no-take-back] [--time-share-busy 0.5] [--metrics-source direct|prometheus --prometheus-url URL]
-             [--policy shoal|kpa|ray]
+             [--policy shoal|kpa|ray] [--mps auto|on|off]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
 control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the
@@ -11,8 +11,9 @@ registry in STATE_DIR. The controller reads replica metrics from each replica's
 /metrics (direct, the default) or, with `--metrics-source prometheus`, through the
 PromQL API of a Prometheus that scrapes the replicas; p95 and the share over the SLO come from
 the gateway's own histogram (from arrival). `--policy kpa|ray` runs a baseline's policy instead
-of Shoal's (autoscaler.policies), to compare them live. The token is made on first
-start (STATE_DIR/token, mode 0600). After a restart every registered function is
+of Shoal's (autoscaler.policies), to compare them live. On a real GPU the replicas are clients of
+an MPS daemon, so that each slice is its share of the SMs (`--mps`, deploy.local.mps). The token
+is made on first start (STATE_DIR/token, mode 0600). After a restart every registered function is
 back, scaled to zero.
 """
 
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -41,7 +43,8 @@ from autoscaler.replicas import ControllerConfig, ReplicaBackend, ReplicaScaler,
 from autoscaler.sources.direct import HttpScraper, Latencies, ReplicaScrapes, Scraper
 from autoscaler.sources.promql import PrometheusSource
 from deploy.api import check_token, create_api, write_artifact
-from deploy.local.backend import LocalBackend
+from deploy.local.backend import LocalBackend, short_dir
+from deploy.local.mps import CONTROL, MODES, GpuSharing, MpsDaemon, answers, choose, gpu_sharing
 from deploy.local.inventory import discover_gpus, memory_mib, usable_cpus
 from functions.artifacts import DEFAULT_MAX_ARTIFACT_BYTES, ArtifactStore
 from functions.registry import FunctionRecord, Registry
@@ -120,7 +123,7 @@ class ControlPlane:
     def __init__(self, state_dir: Path, devices: str = "auto", auth_inference: bool = False,
                  gateway_config: GatewayConfig = GatewayConfig(), controller_config: ControllerConfig = ControllerConfig(),
                  max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES, prometheus_url: str | None = None,
-                 policy: Policy = Shoal()):
+                 policy: Policy = Shoal(), mps: str = "auto"):
         self.state_dir = Path(state_dir)
         if not self.state_dir.exists():
             self.state_dir.mkdir(parents=True)
@@ -132,6 +135,10 @@ class ControlPlane:
         self.metrics = CollectorRegistry(auto_describe=True)
         self.source = RegistrySource(self.registry)
         self.devices = parse_devices(devices, usable_cpus(), memory_mib(), discover_gpus())
+        self._mps_mode = mps
+        choose(mps, self._has_gpus, os.environ, shutil.which(CONTROL), answers)  # a bad --mps fails here
+        self.sharing = GpuSharing("none", "not started")
+        self._mps: MpsDaemon | None = None
         self.gateway = Gateway(
             self.metrics, poke=self._poke, known=lambda n: n in self.source.functions(),
             config=gateway_config, authorize=self._authorize_inference if auth_inference else None,
@@ -152,13 +159,27 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def _has_gpus(self) -> bool:
+        return any(d.kind == "gpu" for d in self.devices)
+
     async def start(self) -> None:
-        await self.backend.start()
+        self.sharing, self._mps = await asyncio.to_thread(
+            gpu_sharing, self._mps_mode, self._has_gpus, short_dir(self.state_dir, "mps"))
+        if self.sharing.mode == "time-sliced":
+            log.log(logging.INFO if self._mps_mode == "off" else logging.WARNING,
+                    "GPU slices are time-sliced (%s): a replica's compute is not held to its slice", self.sharing.why)
+        try:
+            await self.backend.start(self.sharing.env)
+        except BaseException:
+            await self._quit_mps()
+            raise
         functions = self.source.functions()
+        gpus = "" if self.sharing.mode == "none" else f", GPUs {self.sharing.mode} ({self.sharing.why})"
         self.event("up", f"control plane up, {len(functions)} function(s) restored scaled to zero, "
-                         f"policy {self.loop.policy.name}",
+                         f"policy {self.loop.policy.name}{gpus}",
                    data={"functions": sorted(functions), "devices": [d.id for d in self.devices],
-                         "policy": self.loop.policy.name})
+                         "policy": self.loop.policy.name, "gpu_sharing": self.sharing.mode})
         self._loop_task = asyncio.get_running_loop().create_task(
             self.loop.run(self.scaler.config.tick_s, self.scaler.clock))
 
@@ -167,10 +188,18 @@ class ControlPlane:
         await self.scaler.shutdown()
         if self._loop_task is not None:
             self._loop_task.cancel()
-        await self.backend.close()
+        try:
+            await self.backend.close()
+        finally:
+            await self._quit_mps()  # after its clients, the replicas
         await self.scraper.close()
         self.event("down", "control plane stopped")
         self.registry.close()
+
+    async def _quit_mps(self) -> None:
+        if self._mps is not None:
+            await asyncio.to_thread(self._mps.quit)
+            self._mps = None
 
     def _poke(self, function: str) -> None:
         self.loop.poke(function)
@@ -241,13 +270,14 @@ class ControlPlane:
                                **self.loop.explain(name),
                                "cold_starts": self.loop.exported.cold_starts.get(name, 0)}
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
-                "policy": self.loop.policy.name}
+                "policy": self.loop.policy.name, "gpu_sharing": {"mode": self.sharing.mode, "why": self.sharing.why}}
 
     def inventory_view(self) -> dict[str, Any]:
         inv = self.scaler.cluster
         return {"devices": [
             {"id": d.id, "kind": d.kind, "emulated": d.emulated, "memory_mib": d.memory_mib, "name": d.name,
-             "allocated": inv.allocated_ratio(d.id), "memory_used_mib": inv.used(d.id)[1]}
+             "allocated": inv.allocated_ratio(d.id), "memory_used_mib": inv.used(d.id)[1],
+             **({"sharing": self.sharing.mode} if d.kind == "gpu" else {})}
             for d in inv.devices
         ]}
 
@@ -287,6 +317,7 @@ class ControlPlane:
                 try:
                     await self.start()
                 except Exception as exc:
+                    log.error("shoal up did not start: %s", exc)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
@@ -322,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=tuple(POLICIES), default="shoal",
                    help="the scaling policy: shoal (default), or a baseline to compare it with: kpa (Knative), "
                         "ray (Ray Serve)")
+    p.add_argument("--mps", choices=MODES, default="auto",
+                   help="on a real GPU, run the replicas as MPS clients so that a slice is its share of the SMs "
+                        "and a memory limit: auto (default: the daemon CUDA_MPS_PIPE_DIRECTORY names, else one "
+                        "started for shoal up, else time-sliced, saying why), on (fail without it), off (time-sliced)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -352,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             GatewayConfig(hold_timeout_s=args.hold_timeout_s),
             ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back,
                              time_share_busy=args.time_share_busy),
-            int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy),
+            int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy), args.mps,
         )
     except ValueError as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
@@ -388,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
-    return 0
+    return 0 if server.started else 1  # its startup failed (e.g. --mps on and no daemon started): logged
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Faults under load, against a real `shoal up` on loopback: replicas killed with
 SIGKILL every 10 s for 2 minutes, the control plane killed with SIGKILL and started
-again, 100 scale-ins, and a model that hangs. Every request ends in an explicit
+again, 100 scale-ins, a model that hangs, and one that loses its device. Every request ends in an explicit
 status; the numbers each test measures are printed and recorded in docs/reliability.md.
 
 Emulated devices and a profile model (its service time is slept, not computed) keep
@@ -211,6 +211,12 @@ HANGING_HANDLER = textwrap.dedent('''
 ''')
 
 
+def x(v: float) -> bytes:
+    """A V2 body of one FP32 x."""
+    tensor = {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [v]}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
 @pytest.mark.timeout(180)
 def test_a_hanging_model_gets_504_and_its_replica_is_replaced(tmp_path):
     artifact = tmp_path / "hangs.py"
@@ -222,10 +228,6 @@ def test_a_hanging_model_gets_504_and_its_replica_is_replaced(tmp_path):
             client.deploy(PROFILE, "other", min_replicas=1)
             wait_for(lambda: ready(client, "hangs") == 1 and ready(client, "other") == 1, 60, "both ready")
             first = client.status()["functions"]["hangs"]["replicas"][0]["id"]
-
-            def x(v: float) -> bytes:
-                tensor = {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [v]}
-                return json.dumps({"inputs": [tensor]}).encode()
 
             async def main() -> tuple[Load, int, str, float]:
                 load = Load(*host_port(plane), IMAGE)
@@ -251,5 +253,65 @@ def test_a_hanging_model_gets_504_and_its_replica_is_replaced(tmp_path):
         s = summary(load.outcomes)
         print("hanging model: other function", json.dumps(s), "hung request answered", status, f"in {took:.2f} s")
         assert s["total"] == 240 and s["by"] == {"200": 240}, s  # the other function did not notice
+    finally:
+        assert plane.stop() == 0
+
+
+LOSING_HANDLER = textwrap.dedent('''
+    """Answers x, or, when x is negative, raises the error torch raises for a CUDA fault (here on
+    the CPU its words stand in for one; tests/gpu/test_gpu.py makes a real one)."""
+    INPUTS = [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}]
+    OUTPUTS = [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}]
+
+
+    def handler(context, event):
+        x = event.body["x"]
+        if float(x.reshape(-1)[0]) < 0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\\n"
+                               "CUDA kernel errors might be asynchronously reported at some other API call")
+        return {"y": x}
+''')
+
+
+@pytest.mark.timeout(180)
+def test_a_replica_that_loses_its_device_answers_500_and_is_replaced(tmp_path):
+    """A sticky CUDA error (every later call of the process would fail, and under MPS the GPU's
+    server takes no new client until the process exits): the request gets a 500 with the protocol's
+    error body, the replica drains and exits with status 4, and a new one serves; another function
+    does not notice."""
+    artifact = tmp_path / "loses.py"
+    artifact.write_text(LOSING_HANDLER)
+    plane = start_plane(tmp_path / "state", "--devices", "emulated:2x80GiB")
+    try:
+        with plane.client() as client:
+            client.deploy(artifact, "loses", min_replicas=1)
+            client.deploy(PROFILE, "other", min_replicas=1)
+            wait_for(lambda: ready(client, "loses") == 1 and ready(client, "other") == 1, 60, "both ready")
+            first = client.status()["functions"]["loses"]["replicas"][0]["id"]
+
+            async def main() -> tuple[Load, object]:
+                load = Load(*host_port(plane), IMAGE)
+                other = asyncio.get_running_loop().create_task(load.run("other", rate=20, seconds=8))
+                await asyncio.sleep(1.0)
+                lost = await asyncio.to_thread(client.http.post, "/v2/models/loses/infer", content=x(-1.0), timeout=30)
+                await other
+                load.close()
+                return load, lost
+
+            load, lost = asyncio.run(main())
+            assert lost.status_code == 500, lost.text
+            assert "an illegal memory access was encountered" in lost.json()["error"], lost.text
+            wait_for(lambda: any(e["kind"] == "replica_failed" and f"{first} exited with status 4" in e["message"]
+                                 for e in client.events("loses")), 30, "the replica to exit with status 4",
+                     detail=lambda: client.events("loses"))
+            log = (plane.state_dir / "logs" / f"{first}.log").read_text()
+            assert "the device was lost (CUDA error: an illegal memory access was encountered)" in log, log[-2000:]
+            wait_for(lambda: ready(client, "loses") == 1
+                     and client.status()["functions"]["loses"]["replicas"][0]["id"] != first, 30, "a new replica")
+            r = client.http.post("/v2/models/loses/infer", content=x(3.0), timeout=30)
+            assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3.0], r.text
+        s = summary(load.outcomes)
+        print("a lost device: other function", json.dumps(s), "the faulting request answered", lost.status_code)
+        assert s["total"] == 160 and s["by"] == {"200": 160}, s  # the other function did not notice
     finally:
         assert plane.stop() == 0

@@ -4,13 +4,16 @@ GPU slice (its answers against the CPU's, its CUDA memory capped to the slice's 
 limits that a slice's environment sets when an MPS daemon runs (read in a probe and inside
 `shoal up`'s own replicas), `shoal up --devices auto` placing a function on the GPU and serving
 it from zero, its replicas as MPS clients where a daemon runs, the duty cycle the autoscaler
-scales on against NVML's utilization, and the policy scaling a GPU function out and back to zero.
+scales on against NVML's utilization, the policy scaling a GPU function out and back to zero
+(time-sliced), and the MPS daemon shoal up starts of its own making each slice its share of the
+GPU's throughput.
 `make test-gpu`; the runs are recorded in docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -287,7 +290,8 @@ def handler(context, event):
         over = "refused: " + str(exc).splitlines()[0]
     del held
     torch.cuda.empty_cache()
-    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
     return {"pid": os.getpid(), "sms": props.multi_processor_count, "over": over,
             "env": {k: os.environ.get(k, "") for k in keys}}
 '''
@@ -436,44 +440,58 @@ def test_the_duty_cycle_agrees_with_nvmls_count_of_kernel_time(matmuls):
         replica.stop(timeout=30)
 
 
-def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
-    """The policy driving real GPU replicas: one user from zero, then eight users back to back on
-    the matmuls function (about 8 ms of GPU per request, one replica serves one at a time) at
-    1/4:4096, target two in flight per replica. Nothing fails while it scales; it scales out (the
-    reason in its events) to several replicas on gpu:0, each holding a CUDA context of its own;
-    idle, back to zero, and the replicas' contexts are gone from the GPU."""
+def _closed_loop(url: str, users: int, seconds: float, name: str = "matmuls",
+                 pause_s: float = 0.0) -> tuple[dict[int, int], list[float]]:
+    """`users` clients each sending the function `name` (the matmuls) a request `pause_s` after its
+    last was answered, for `seconds`: the answers' status codes counted, and their latencies."""
     body = _infer_body(np.ones((1, 64), dtype=np.float32))
+
+    async def run() -> tuple[dict[int, int], list[float]]:
+        codes: dict[int, int] = {}
+        latencies: list[float] = []
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=users)) as http:
+            async def user():
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    t = time.perf_counter()
+                    r = await http.post(f"{url}/v2/models/{name}/infer", json=body)
+                    latencies.append(time.perf_counter() - t)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                    await asyncio.sleep(pause_s)
+
+            await asyncio.gather(*(user() for _ in range(users)))
+        return codes, latencies
+
+    return asyncio.run(run())
+
+
+def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
+    """The policy driving real GPU replicas, time-sliced (`--mps off`): one user from zero, then
+    eight users back to back on the matmuls function (about 8 ms of GPU per request, one replica
+    serves one at a time) at 1/4:4096, target two in flight per replica. Nothing fails while it
+    scales; it scales out (the reason in its events) to several replicas on gpu:0, each holding a
+    CUDA context of its own (under MPS the contexts are its server's); idle, back to zero, and the
+    replicas' contexts are gone from the GPU."""
 
     def contexts() -> set[int]:
         return {int(row[0]) for row in _smi("--query-compute-apps=pid,used_memory")}
 
     before = contexts()
-    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    plane = start_plane(tmp_path / "state", "--devices", "auto", "--mps", "off")
     try:
         with plane.client() as client:
+            assert client.status()["gpu_sharing"] == {"mode": "time-sliced", "why": "--mps off"}
             client.deploy(matmuls, "matmuls", slice="1/4:4096", idle_to_zero_s=3, target_concurrency=2,
                           max_replicas=4, slo_ms=200.0)
 
-            async def closed_loop(users: int, seconds: float) -> tuple[dict[int, int], list[float]]:
-                codes: dict[int, int] = {}
-                latencies: list[float] = []
-                async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=users)) as http:
-                    async def user():
-                        end = time.monotonic() + seconds
-                        while time.monotonic() < end:
-                            t = time.perf_counter()
-                            r = await http.post(f"{plane.url}/v2/models/matmuls/infer", json=body)
-                            latencies.append(time.perf_counter() - t)
-                            codes[r.status_code] = codes.get(r.status_code, 0) + 1
+            def closed_loop(users: int, seconds: float) -> tuple[dict[int, int], list[float]]:
+                return _closed_loop(plane.url, users, seconds)
 
-                    await asyncio.gather(*(user() for _ in range(users)))
-                return codes, latencies
-
-            codes, latencies = asyncio.run(closed_loop(1, 8.0))  # from zero: one cold start
+            codes, latencies = closed_loop(1, 8.0)  # from zero: one cold start
             print(f"1 user, 8 s: {codes}, first {1000 * latencies[0]:.0f} ms, then p50 "
                   f"{1000 * float(np.median(latencies[1:])):.1f} ms")
             assert set(codes) == {200}, codes
-            codes, latencies = asyncio.run(closed_loop(8, 12.0))
+            codes, latencies = closed_loop(8, 12.0)
             replicas = client.status()["functions"]["matmuls"]["replicas"]
             pcts = np.percentile(np.asarray(latencies) * 1000, [50, 95, 99])
             print(f"8 users, 12 s: {codes}, p50/p95/p99 {pcts.round(1).tolist()} ms (cold starts included), "
@@ -496,3 +514,203 @@ def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
             wait_for(lambda: not held & contexts(), 30, "the replicas' CUDA contexts to go")
     finally:
         assert plane.stop() == 0
+
+
+def test_shoal_up_starts_mps_so_that_a_slice_is_its_share_of_the_gpu(tmp_path, matmuls, monkeypatch):
+    """With no MPS daemon named, `shoal up --devices auto` (--mps auto) starts one of its own: the
+    GPU's sharing says mps; a handler at 1/4:1024 reads, inside its replica, that daemon's pipe, a
+    quarter's share of the SMs, and 2 GiB more refused; the matmuls function at 1/4 (one request at
+    a time per replica) serves at least 2.5 times as many requests a second on four replicas as on
+    one, since each replica runs on its own quarter of the SMs (time-sliced, four served what one
+    did: docs/gpu.md). When shoal up stops, its daemon is gone."""
+    torch = pytest.importorskip("torch")
+    control = shutil.which("nvidia-cuda-mps-control")
+    if not control:
+        pytest.skip("no nvidia-cuda-mps-control on PATH")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.delenv(key, raising=False)
+    all_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    probe = tmp_path / "slice_probe.py"
+    probe.write_text(_SLICE_PROBE)
+    before = {line.split(":")[0] for line in _mps_processes()}
+    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    try:
+        with plane.client() as client:
+            status = client.status()
+            print(f"GPU sharing: {status['gpu_sharing']}")
+            assert status["gpu_sharing"]["mode"] == "mps", status["gpu_sharing"]
+            assert {d["id"]: d.get("sharing") for d in status["devices"]}["gpu:0"] == "mps", status["devices"]
+            client.deploy(probe, "quarter", slice="1/4:1024", idle_to_zero_s=60)
+            r = client.invoke_json("quarter", {})
+            assert r.status_code == 200, r.text
+            seen = r.json()
+            print(f"inside the replica: {json.dumps(seen)}")
+            pipe = seen["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+            assert pipe and f"pipe {pipe}" in status["gpu_sharing"]["why"], (seen, status["gpu_sharing"])
+            assert seen["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25", seen
+            assert seen["sms"] <= all_sms // 4 + 2 and seen["over"].startswith("refused"), seen
+            log = Path(seen["env"]["CUDA_MPS_LOG_DIRECTORY"]) / "control.log"
+            assert seen["pid"] in {int(pid) for pid in re.findall(r"NEW CLIENT (\d+)", log.read_text())}
+            client.delete("quarter")  # its slice back for the matmuls' fourth replica
+
+            rates = {}
+            for replicas in (1, 4):
+                client.deploy(matmuls, "matmuls", slice="1/4:4096", min_replicas=replicas, max_replicas=replicas,
+                              idle_to_zero_s=60, target_concurrency=1)
+
+                def ready() -> bool:
+                    states = [r["state"] for r in client.status()["functions"]["matmuls"]["replicas"]]
+                    return states.count("ready") == replicas
+
+                wait_for(ready, 120, f"{replicas} matmuls replica(s) ready",
+                         detail=lambda: client.events("matmuls"))
+                _closed_loop(plane.url, 2 * replicas, 1.0)  # each replica's first requests
+                codes, latencies = _closed_loop(plane.url, 2 * replicas, 5.0)
+                assert set(codes) == {200}, codes
+                rates[replicas] = codes[200] / 5.0
+                print(f"{replicas} replica(s) at 1/4 under MPS, {2 * replicas} users back to back: "
+                      f"{rates[replicas]:.1f} requests/s, p50 {1000 * float(np.median(latencies)):.1f} ms")
+            assert rates[4] >= 2.5 * rates[1], rates
+    finally:
+        assert plane.stop() == 0
+
+    def started() -> list[str]:
+        return [line for line in _mps_processes() if line.split(":")[0] not in before]
+
+    wait_for(lambda: not started(), 20, "the MPS daemon and server shoal up started to quit with it", detail=started)
+
+
+def _mps_processes() -> list[str]:
+    """The MPS control daemons and servers running, as "pid: command line"."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if words and Path(words[0].decode(errors="replace")).name.startswith("nvidia-cuda-mps"):
+            found.append(f"{cmdline.parent.name}: {b' '.join(words).decode(errors='replace')}")
+    return found
+
+
+def test_under_mps_a_busy_neighbour_leaves_a_functions_latency_alone(tmp_path, matmuls, monkeypatch):
+    """Two functions on one GPU, each of the matmuls: `light` on one replica at 1/4, one user with a
+    20 ms pause, and `heavy` on three at 1/4 (the rest of the GPU). Light's latency is measured with
+    heavy idle, then while six users keep heavy's replicas busy. Under shoal up's MPS daemon light
+    keeps its latency (p50 within 1.3x of its own alone): the slice is its share of the SMs. Time-
+    sliced (`--mps off`, printed beside it, not asserted) light alone runs on the whole GPU, faster,
+    and its latency rises with its neighbour's work."""
+    pytest.importorskip("torch")
+    if not shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("no nvidia-cuda-mps-control on PATH")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.delenv(key, raising=False)
+    seen = {}
+    for mode in ("off", "auto"):
+        plane = start_plane(tmp_path / f"state-{mode}", "--devices", "auto", "--mps", mode)
+        try:
+            with plane.client() as client:
+                sharing = client.status()["gpu_sharing"]["mode"]
+                assert sharing == ("mps" if mode == "auto" else "time-sliced"), sharing
+                for name, replicas in (("light", 1), ("heavy", 3)):
+                    client.deploy(matmuls, name, slice="1/4:4096", min_replicas=replicas, max_replicas=replicas,
+                                  idle_to_zero_s=60, target_concurrency=1)
+                for name, replicas in (("light", 1), ("heavy", 3)):
+                    wait_for(lambda: [r["state"] for r in client.status()["functions"][name]["replicas"]]
+                             .count("ready") == replicas, 120, f"{replicas} {name} replica(s) ready")
+                    _closed_loop(plane.url, 2 * replicas, 1.0, name)  # each replica's first requests
+                codes, alone = _closed_loop(plane.url, 1, 4.0, "light", pause_s=0.02)
+                assert set(codes) == {200}, codes
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    heavy = pool.submit(_closed_loop, plane.url, 6, 5.0, "heavy")
+                    time.sleep(0.5)
+                    codes, beside = _closed_loop(plane.url, 1, 4.0, "light", pause_s=0.02)
+                    heavy_codes, heavy_latencies = heavy.result()
+                assert set(codes) == {200}, codes
+                # heavy kept its three replicas busy: six users, each answered within ~2 requests' time
+                assert set(heavy_codes) == {200} and heavy_codes[200] >= 100, heavy_codes
+                seen[sharing] = {"alone": 1000 * float(np.median(alone)), "beside": 1000 * float(np.median(beside))}
+                print(f"{sharing}: light's p50 {seen[sharing]['alone']:.1f} ms alone, "
+                      f"{seen[sharing]['beside']:.1f} ms beside heavy's six users ({heavy_codes[200]} "
+                      f"requests in 5 s, p50 {1000 * float(np.median(heavy_latencies)):.1f} ms)")
+        finally:
+            assert plane.stop() == 0
+    assert seen["mps"]["beside"] <= 1.3 * seen["mps"]["alone"], seen
+
+
+_FAULTING = '''"""Answers with its pid after a kernel on its GPU; on {"crash": true}, indexes past a tensor's end
+on the GPU: a device-side assert, a fatal GPU exception, sticky for the process."""
+import os
+
+import torch
+
+
+def handler(context, event):
+    x = torch.zeros(4, device="cuda")
+    if event.body.get("crash"):
+        x[torch.tensor([1 << 20], device="cuda")] += 1
+        torch.cuda.synchronize()
+    return {"pid": os.getpid(), "sum": float(x.sum())}
+'''
+
+
+def test_a_real_gpu_fault_under_mps_replaces_the_replicas_it_reached(tmp_path, matmuls, monkeypatch):
+    """Under shoal up's MPS daemon, a handler's device-side assert (a fatal GPU exception: sticky for
+    its process; NVIDIA's MPS guide has it reach every client of the GPU's server, which takes no
+    new client until those have exited): the faulting request gets a 500; the faulting replica exits
+    (status 4) and is replaced, as is any other the fault reached; within 90 s both the faulting
+    function and a bystander on the same GPU, sent a request every 100 ms, answer 200, the
+    faulting one from a new process. (On the H200 lent, the bystander never failed.)"""
+    pytest.importorskip("torch")
+    if not shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("no nvidia-cuda-mps-control on PATH")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.delenv(key, raising=False)
+    faulting = tmp_path / "faulting.py"
+    faulting.write_text(_FAULTING)
+    plane = start_plane(tmp_path / "state", "--devices", "auto")
+    try:
+        with plane.client() as client:
+            assert client.status()["gpu_sharing"]["mode"] == "mps"
+            client.deploy(faulting, "faulting", slice="1/4:2048", min_replicas=1, idle_to_zero_s=120)
+            client.deploy(matmuls, "matmuls", slice="1/4:4096", min_replicas=1, idle_to_zero_s=120)
+            for name in ("faulting", "matmuls"):
+                wait_for(lambda: [r["state"] for r in client.status()["functions"][name]["replicas"]] == ["ready"],
+                         120, f"{name} ready")
+            body = _infer_body(np.ones((1, 64), dtype=np.float32))
+            before = client.invoke_json("faulting", {})
+            assert before.status_code == 200, before.text
+            assert client.invoke("matmuls", body).status_code == 200
+            crashed = client.invoke_json("faulting", {"crash": True})
+            print(f"the faulting request: {crashed.status_code} {crashed.text[:300]}")
+            assert crashed.status_code == 500, crashed.text
+            codes: dict[str, list[int]] = {"faulting": [], "matmuls": []}
+            after = None
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                f = client.invoke_json("faulting", {})
+                m = client.invoke("matmuls", body)
+                codes["faulting"].append(f.status_code)
+                codes["matmuls"].append(m.status_code)
+                if f.status_code == 200 and m.status_code == 200 and f.json()["pid"] != before.json()["pid"]:
+                    after = f.json()
+                    break
+                time.sleep(0.1)
+            failed = [e["message"] for e in client.events() if e["kind"] == "replica_failed"]
+            print(f"after the fault, until both answered 200: faulting {_runs(codes['faulting'])}, "
+                  f"matmuls {_runs(codes['matmuls'])}; replicas failed: {failed}")
+            assert after is not None, (codes, failed)
+            assert any("exited with status 4" in m for m in failed), failed
+    finally:
+        assert plane.stop() == 0
+
+
+def _runs(codes: list[int]) -> str:
+    """200, 200, 503, 503, 503 as "2x200 3x503"."""
+    out: list[list[int]] = []
+    for code in codes:
+        if out and out[-1][0] == code:
+            out[-1][1] += 1
+        else:
+            out.append([code, 1])
+    return " ".join(f"{n}x{code}" for code, n in out)

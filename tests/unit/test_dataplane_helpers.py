@@ -1,4 +1,5 @@
-"""The DataPlane's pure helpers: request validation, batch merge and split, V1 conversion."""
+"""The DataPlane's pure helpers: request validation, batch merge and split, V1 conversion, and
+which model errors mean the device is lost."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from serving.dataplane import merge_inputs, shape_matches, split_outputs, v1_predictions, v1_to_request, validate_request
+from serving.executor import device_lost
 from serving.models.base import LoadOptions, Model
 from serving.protocol.errors import InvalidInput, ModelError
 from serving.protocol.types import InferRequest, RequestedOutput, Tensor, TensorSpec
@@ -104,3 +106,20 @@ def test_v1_predictions_one_object_per_row_for_several_outputs():
     outputs = [t("label", np.array([3, 4]), "INT64"), t("p", np.array([[0.1], [0.2]]))]
     preds = v1_predictions(outputs, FakeModel([X]))
     assert [p["label"] for p in preds] == [3, 4]
+
+
+@pytest.mark.parametrize("error, lost", [
+    (RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+                  "asynchronously reported"), "CUDA error: an illegal memory access was encountered"),
+    (RuntimeError("CUDA error: device-side assert triggered"), "CUDA error: device-side assert triggered"),
+    (RuntimeError("CUDA error: unspecified launch failure"), "CUDA error: unspecified launch failure"),
+    (ModelError("model 'f' raised AcceleratorError: CUDA error: misaligned address"),
+     "model 'f' raised AcceleratorError: CUDA error: misaligned address"),
+    # recoverable, or not the device's: the replica keeps serving
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), None),
+    (ValueError("an illegal memory access was encountered"), None),  # no CUDA in it: a model's own words
+    (RuntimeError("CUDA error: invalid argument"), None),
+    (KeyError("x"), None),
+], ids=["illegal-address", "assert", "launch-failure", "wrapped", "oom", "not-cuda", "invalid-argument", "keyerror"])
+def test_a_sticky_cuda_error_is_a_lost_device(error, lost):
+    assert device_lost(error) == lost

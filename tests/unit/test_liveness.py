@@ -141,7 +141,7 @@ def test_the_executor_reports_how_long_the_running_call_has_run_and_the_dataplan
         call = asyncio.ensure_future(executor.run(release.wait, 10))
         await asyncio.sleep(0.5)
         stalled = executor.stalled_s()
-        plane = SimpleNamespace(executor=executor, request_timeout_s=0.2)
+        plane = SimpleNamespace(executor=executor, request_timeout_s=0.2, lost=None)
         hung = DataPlane.hung(plane)
         plane.request_timeout_s = 5.0
         fine = DataPlane.hung(plane)
