@@ -2,7 +2,7 @@
 is at most its share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and a memory limit the driver
 enforces (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), or time-sliced, where a replica at 1/4 takes every
 SM it can while it runs. Time-sliced, the slices of one GPU are no partition: on an H200 four
-replicas at 1/4 served what one served alone, and a busy neighbour doubled a function's latency
+replicas at 1/4 served what one served alone, and a busy neighbour made a function's p50 2.2-2.6x
 (docs/gpu.md). `--mps auto` (the default) uses the daemon that answers at CUDA_MPS_PIPE_DIRECTORY
 or at CUDA's default pipe directory, else starts one of its own (pipe and log under the state
 directory; quit when shoal up stops, and one a killed shoal up left is quit at the next start),
@@ -120,8 +120,8 @@ class MpsDaemon:
 
     def start(self) -> None:
         """Start the daemon (`-d`: it runs on as a daemon, and starts an MPS server at its first
-        client) on fresh directories. RuntimeError with its words where it does not start."""
-        self.quit_left()
+        client) on fresh directories, one left there quit first (gpu_sharing: quit_left).
+        RuntimeError with its words where it does not start."""
         try:
             shutil.rmtree(self.pipe, ignore_errors=True)
             self.pipe.mkdir(mode=0o700, parents=True)
@@ -156,16 +156,16 @@ def gpu_sharing(mode: str, has_gpus: bool, directory: Path, environ: Mapping[str
     quitting one a killed shoal up left under `directory` whatever the mode. `auto` falls back to
     time-slicing where the daemon does not start, saying why; `on` raises ValueError."""
     control = which(CONTROL)
-    if has_gpus and control is not None:
-        MpsDaemon(control, directory, run, running).quit_left()
+    daemon = MpsDaemon(control, directory, run, running) if has_gpus and control is not None else None
+    if daemon is not None:
+        daemon.quit_left()
     action, why = choose(mode, has_gpus, environ, control, running)
     if action == "none":
         return GpuSharing("none", why), None
     if action == "inherit":
         logs = environ.get(LOG_ENV)
         return GpuSharing("mps", f"the MPS daemon at {why}", {PIPE_ENV: why, **({LOG_ENV: logs} if logs else {})}), None
-    if action == "start":
-        daemon = MpsDaemon(control, directory, run, running)
+    if action == "start":  # `control` was found: `daemon` is one
         try:
             daemon.start()
         except RuntimeError as exc:

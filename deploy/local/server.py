@@ -355,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ray (Ray Serve)")
     p.add_argument("--mps", choices=MODES, default="auto",
                    help="on a real GPU, run the replicas as MPS clients so that a slice is its share of the SMs "
-                        "and a memory limit: auto (default: the daemon CUDA_MPS_PIPE_DIRECTORY names, else one "
-                        "started for shoal up, else time-sliced, saying why), on (fail without it), off (time-sliced)")
+                        "and a memory limit: auto (default: the daemon that answers at CUDA_MPS_PIPE_DIRECTORY or "
+                        "/tmp/nvidia-mps, else one started for shoal up, else time-sliced, saying why), on (fail "
+                        "without it), off (time-sliced)")
     p.add_argument("--log-level", default="info")
     return p
 
