@@ -7,8 +7,9 @@ functions' idle replicas (autoscaler.lending chooses them), and a function's fir
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
 busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at), else takes a busy
 function's replica: its headroom above its need, read from its replicas' scrapes, else a needed
-one, never its floor; it reaps replicas that died or whose function went away, and backs off a
-function whose replicas fail to start.
+one, never its floor; a ready replica on a larger slice than its policy now asks is moved (a
+replica on the asked slice starts, then the old one drains: lending.to_move); it reaps replicas
+that died or whose function went away, and backs off a function whose replicas fail to start.
 Written against interfaces declared here and implemented in `deploy.local` (the backend) and
 `serving` (the gateway): imports neither.
 """
@@ -28,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
     HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, need_of, observe_rate,
-    replica_rank, share, want_asks,
+    replica_rank, share, to_move, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
@@ -38,6 +39,7 @@ from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
+MOVE_RETRY_S = 60.0  # a replica that failed to start on a smaller slice: the next move not before this
 
 
 # ---------------------------------------------------------------------- what the scaler needs
@@ -86,6 +88,7 @@ class Replica:
     stats: list[ReplicaStat] = field(default_factory=list)  # the last two scrapes
     active_at: float = 0.0  # when a scrape last saw it answer or hold a request (from ready on)
     counted: float = 0.0  # its answered requests already added to its function's rate
+    moving_from: str | None = None  # the replica it replaces on a smaller slice, until it is ready (_move)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,9 @@ class ControllerConfig:
     # a function's first replica that nothing frees a slice for time-shares a device whose
     # replicas are busy at most this share of its compute (0: never)
     time_share_busy: float = 0.5
+    # a ready replica on a larger slice than its function's replicas now get (the policy's slice
+    # hint) is moved to that slice: one starts on it, then the old one drains (lending.to_move)
+    move_to_slice: bool = True
     rate_window_s: float = 120.0  # a function's request rate, for the cost of taking its slice, over this
 
     def __post_init__(self) -> None:
@@ -143,6 +149,7 @@ class ReplicaScaler:
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
+        self.no_move_before: dict[str, float] = {}  # function -> a move failed to start: none again until
         self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
         self._seen: dict[str, tuple[FunctionSpec, int]] = {}  # the functions of the last look
         self._ids = itertools.count(1)
@@ -173,7 +180,7 @@ class ReplicaScaler:
     def _fleet(self, name: str) -> Fleet:
         counts = {"starting": 0, "ready": 0, "draining": 0}
         for r in self.replicas.values():
-            if r.function == name and r.state in counts:
+            if r.function == name and r.state in counts and r.moving_from is None:
                 counts[r.state] += 1
         return Fleet(counts["starting"] + counts["ready"], counts["ready"], counts["draining"],
                      self.cold_starts.get(name))
@@ -182,22 +189,27 @@ class ReplicaScaler:
         changed = {}
         starts: list[tuple[str, FunctionSpec, int]] = []
         self._note_activity(self.clock())
+        moves: list[tuple[str, FunctionSpec, int]] = []
         for name, target in targets.items():
             if target.keep_alive_s is not None:
                 self.keep_alive[name] = target.keep_alive_s
-            before = self._scale(name, target, starts)
+            before = self._scale(name, target, starts, moves)
             if before is not None:
                 changed[name] = before
         self._start(starts)
+        for move in moves:  # in the room the tick's starts left
+            self._move(*move)
         for name, before in list(changed.items()):  # a start held short (no slice yet) changed nothing
             decision = targets[name].decision
             if decision is not None and decision.desired > before and len(self.live(name)) == before:
                 del changed[name]
         return changed
 
-    def _scale(self, name: str, target: Target, starts: list[tuple[str, FunctionSpec, int]]) -> int | None:
-        """Stop replicas of one function (as tasks), or add the ones to start to `starts`;
-        the count it had, if it changes."""
+    def _scale(self, name: str, target: Target, starts: list[tuple[str, FunctionSpec, int]],
+               moves: list[tuple[str, FunctionSpec, int]]) -> int | None:
+        """Stop replicas of one function (as tasks), or add the ones to start to `starts`, or a
+        move to its slice to `moves` (a move under way called off if the look changes it); the
+        count it had, if it changes."""
         decision, spec = target.decision, target.spec
         if decision is None:
             return None
@@ -211,12 +223,56 @@ class ReplicaScaler:
             self.router.fail_waiters(name, f"function {name!r} could not start a replica moments ago; "
                                            f"retrying in {not_before - now:.0f} s (see shoal events {name})")
             return None
+        steady = decision.desired == current
+        if self.config.move_to_slice and not self._moving(name, spec, steady) and steady:
+            moves.append((name, spec, target.revision))
         starts += [(name, spec, target.revision)] * max(0, decision.desired - current)
         if decision.desired < current:
             # newest first: the oldest replicas are warm and keep serving
             for replica in sorted(mine, key=lambda r: r.created_at, reverse=True)[: current - decision.desired]:
                 self._spawn_task(self.stop_replica(replica, decision.reason))
         return current if decision.desired != current else None
+
+    def _moving(self, name: str, spec: FunctionSpec, steady: bool) -> bool:
+        """Whether a move of the function goes on (steady, to the slice asked, from a replica
+        still ready); one that does not is called off at once, before its replica can take over
+        (_bring_up), so a look that scales the function never loses the old replica with it."""
+        asked = self.slice_for(spec)
+        going = False
+        for r in self.replicas.values():
+            if r.function == name and r.moving_from is not None and r.state == "starting":
+                old = self.replicas.get(r.moving_from)
+                if steady and r.placement.fraction == asked and old is not None and old.state == "ready":
+                    going = True
+                else:
+                    r.state = "draining"  # stop_replica's, for one starting: _bring_up finishes the stop
+        return going
+
+    def _move(self, name: str, spec: FunctionSpec, revision: int) -> None:
+        """A ready replica on a larger slice than the function's replicas now get, moved to that
+        slice (lending.to_move), for a function whose look this tick neither scaled it nor has a
+        replica of it starting: a replica on it starts where a slice is free after the tick's
+        starts, unseen by the policy (not live, not in the fleet) until it is ready; then it
+        serves and the old one drains and stops (_bring_up). A look that scales the function, or
+        asks another slice, or the old replica gone calls the move off (_moving); a move whose
+        replica failed is not tried again for MOVE_RETRY_S."""
+        if self.clock() < self.no_move_before.get(name, -math.inf):
+            return
+        mine = self.live(name)
+        ready = [r.state == "ready" for r in mine]
+        i = to_move([float(r.placement.fraction) for r in mine], ready, float(self.slice_for(spec)), all(ready))
+        if i is None:
+            return
+        old = mine[i]
+        placed = self.cluster.place(self.demand_for(spec, f"{name}-{next(self._ids)}"))
+        if isinstance(placed, Unplaceable):
+            return
+        replica = self._register(placed, spec, revision)
+        replica.moving_from = old.id
+        self.events("slice", f"{replica.id} starts on a {_slice(placed)} slice to take over from {old.id} "
+                             f"on {_slice(old.placement)}, which then drains", function=name,
+                    data={"replica": replica.id, "from": old.id, "slice": _slice(placed)})
+        self._spawn_task(self._bring_up(replica))
 
     # ------------------------------------------------------------------ starts, with slices lent back
 
@@ -427,7 +483,7 @@ class ReplicaScaler:
         else the spec's idle_to_zero_s."""
         live: dict[str, int] = {}
         for r in self.replicas.values():
-            if r.state in ("starting", "ready"):
+            if r.state in ("starting", "ready") and r.moving_from is None:
                 live[r.function] = live.get(r.function, 0) + 1
         out = []
         for r in self.replicas.values():
@@ -496,7 +552,9 @@ class ReplicaScaler:
     # ------------------------------------------------------------------ replicas
 
     def live(self, name: str) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.function == name and r.state in ("starting", "ready")]
+        """Its replicas starting or ready, but one starting to take over from another (_move)."""
+        return [r for r in self.replicas.values()
+                if r.function == name and r.state in ("starting", "ready") and r.moving_from is None]
 
     def _spawn_task(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -561,14 +619,20 @@ class ReplicaScaler:
                 return None
             message = f"replica {replica_id} failed to start: {exc}"
             await self._fail(replica, message)
-            if not self.live(name):
+            if replica.moving_from is None and not self.live(name):  # a move's: the old one serves on
                 self._back_off(name)
                 self.router.fail_waiters(name, message)
             return None
         if replica.state != "starting":  # stopped while it was starting
             await self._finish_stop(replica, "stopped while starting")
             return None
-        self.failures.pop(name, None)
+        if replica.moving_from is not None:
+            old = self.replicas.get(replica.moving_from)
+            if old is None or old.state != "ready":  # gone meanwhile (taken back, exited): called off
+                await self._finish_stop(replica, f"move called off: {replica.moving_from} went first")
+                return None
+        else:
+            self.failures.pop(name, None)
         replica.state, replica.ready_at = "ready", self.clock()
         replica.seen_at = replica.active_at = replica.ready_at
         self.cold_starts[name] = ready_s
@@ -579,6 +643,11 @@ class ReplicaScaler:
                     f"slice {_slice(placed)}{' (emulated)' if placed.device.emulated else ''}",
                     function=name, data={"replica": replica_id, "ready_s": ready_s, "spawn_s": live_s,
                                          "device": placed.device.id, "cpus": list(placed.cpus)})
+        if replica.moving_from is not None:  # it takes over: the old one drains, at once out of the fleet
+            old = self.replicas[replica.moving_from]
+            replica.moving_from = None
+            old.state = "draining"
+            self._spawn_task(self._drain_and_stop(old, f"moved to {replica_id} on a {_slice(placed)} slice"))
         return replica
 
     def _back_off(self, name: str) -> None:
@@ -614,6 +683,8 @@ class ReplicaScaler:
                     data={"replica": replica.id, "reason": reason})
 
     async def _fail(self, replica: Replica, message: str) -> None:
+        if replica.moving_from is not None:  # a move's replica: no other move of its function for a while
+            self.no_move_before[replica.function] = self.clock() + MOVE_RETRY_S
         replica.state = "failed"
         self.router.remove_endpoint(replica.function, replica.id)
         if replica.handle is not None and self.backend.exited(replica.handle) is None:
@@ -649,6 +720,7 @@ class ReplicaScaler:
             self.short_said.pop(name, None)
             self.rates.pop(name, None)
             self.keep_alive.pop(name, None)
+            self.no_move_before.pop(name, None)
             self.router.forget(name)
         self._seen = dict(functions)
 
@@ -688,7 +760,7 @@ class ReplicaScaler:
         return {
             "id": r.id, "state": r.state, "device": r.placement.device.id,
             "emulated": r.placement.device.emulated, "slice": _slice(r.placement), "cpus": list(r.placement.cpus),
-            "port": getattr(r.handle, "port", None), "duty": duty,
+            "port": getattr(r.handle, "port", None), "duty": duty, "moving_from": r.moving_from,
             "inflight": r.stats[-1].inflight if r.stats else 0.0,
         }
 

@@ -30,7 +30,7 @@ import numpy as np
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
 from autoscaler.lending import (
-    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, need_of, replica_rank, share, takeback_cost,
+    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, need_of, replica_rank, share, takeback_cost, to_move,
 )
 from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
@@ -45,6 +45,7 @@ from functions.spec import ScalingSpec
 # is over this window; a first replica time-shares a device busy at most this much
 RATE_WINDOW_S = ControllerConfig().rate_window_s
 TIME_SHARE_BUSY = ControllerConfig().time_share_busy
+MOVE_TO_SLICE = ControllerConfig().move_to_slice
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BATCHERS = ("rule", "exact")  # SimConfig.batcher
 # no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy,
@@ -110,6 +111,8 @@ class SimConfig:
     # a function's first replica that no slice can take time-shares a device busy at most this
     # much (ControllerConfig.time_share_busy, for a policy that lends; 0: never)
     time_share_busy: float = TIME_SHARE_BUSY
+    # a ready replica on a larger slice than its policy asks is moved to it (ControllerConfig's)
+    move_to_slice: bool = MOVE_TO_SLICE
     # how a batching replica forms its batches: "rule", batch_size's occupancy rule (the tick's
     # batch, the size that keeps the replica at most BATCH_FILL busy, grown for requests queued
     # behind others: an idealized batcher); "exact", shoal up's own batcher with no queue delay
@@ -479,6 +482,10 @@ class Simulation:
         # per function, its last replica, removed with requests queued: (free at, speed, slice); it
         # finishes them (_serve_batches), as a removed replica finishes what it has
         self._draining: dict[int, tuple[float, float, float]] = {}
+        # per function, a replica moving to the slice its policy asks (_move): (the new replica,
+        # the old one, when the new is ready, its slice, its device's index); charged from its start
+        self._moves: dict[int, tuple[str, str, float, float, int]] = {}
+        self._move_asks: dict[int, bool] = {}  # per function: whether its last look that acted let it move
         self.wakes: list[tuple[float, int]] = []
         self.quiet = np.zeros(n)  # an idle function need not be looked at before this
         # batch latencies as the controller learns them (loop.Memory): none until its replicas ran
@@ -575,6 +582,8 @@ class Simulation:
             start = bounds[k]
             self.requests += len(a)
             self._wake(t1)
+            if self._moves:
+                self._finish_moves(t0)
             a, f = self._hold_cold(a, f, t0)
             self._count_cold_starts(a, f)
             self._serve(a, f, t0, t1, t1 if k < ticks - 1 else math.inf)  # the last tick runs all it has
@@ -583,6 +592,9 @@ class Simulation:
                 self._decide_all(t1)
             self.slice_seconds += float(self.servers.slice[self.servers.alive].sum()) * dt
             self.replica_seconds += float(self.n_srv.sum()) * dt
+            if self._moves:  # the replicas starting on a new slice hold it already
+                self.slice_seconds += sum(m[3] for m in self._moves.values()) * dt
+                self.replica_seconds += len(self._moves) * dt
             self.gpu_seconds += self.cluster.devices_in_use() * dt
         # requests still held at the end never got an answer in the run
         self.timed_out += sum(len(v) for v in self.held.values())
@@ -1180,6 +1192,9 @@ class Simulation:
         self._in_tick = False
         if self._short:
             self._share_out(t1)
+        if self._move_asks:  # in the room the tick's starts left; asked again each tick until done
+            for fid in [f for f, asked in self._move_asks.items() if not asked or self._move(f, t1)]:
+                del self._move_asks[fid]
 
     def _look_each(self, fids: np.ndarray, ready: np.ndarray, now: float) -> None:
         """The policy's looks at `fids` (`ready` replicas ready at `now`) from this tick's
@@ -1253,6 +1268,9 @@ class Simulation:
                                              int(self.max_batch[fid]))
             self._settled[fid] = math.nan
         current = len(self.slots[fid])  # n_srv[fid]
+        if self.config.move_to_slice:
+            steady = decision.desired == current
+            self._move_asks[fid] = not self._moving(fid, steady) and steady
         if decision.desired == current:
             return
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
@@ -1262,6 +1280,65 @@ class Simulation:
                 self._share_out(now)
         else:
             self._stop(fid, current - decision.desired, now)
+
+    def _moving(self, fid: int, steady: bool) -> bool:
+        """Whether a move of the function goes on (steady, to the slice asked; one whose old
+        replica went was called off in _remove); one that does not is called off."""
+        pending = self._moves.get(fid)
+        if pending is None:
+            return False
+        if steady and abs(pending[3] - self._slice_of[fid]) <= 1e-9:
+            return True
+        self._cancel_move(fid)
+        return False
+
+    def _move(self, fid: int, now: float) -> bool:
+        """A ready replica on a larger slice than the function's replicas now get, moved to that
+        slice (lending.to_move, as ReplicaScaler._move), for a function whose look neither scaled
+        it nor has a replica of it starting: a replica on it placed where a slice is free after the
+        tick's starts (_decide_all), and once it is ready (_finish_moves) the old one gives its
+        slice back. A look that scales the function, or asks another slice, calls a move off.
+        Only looks that act reach here (looks.look_each), where the live loop's scaler hears every
+        look: so one that could not be placed (no free slice, a replica starting) is asked again
+        each tick until a later look scales the function. Whether it is done (placed, or nothing
+        to move)."""
+        srv, mine = self.servers, self.slots[fid]
+        if fid in self._moves or not mine:
+            return True
+        ready = [bool(srv.ready_at[s] <= now) for s in mine]
+        slices = [float(srv.slice[s]) for s in mine]
+        i = to_move(slices, ready, self._slice_of[fid], all(ready))
+        if i is None:  # nothing to move, or one starting: asked again once it is ready
+            return to_move(slices, [True] * len(mine), self._slice_of[fid], True) is None
+        demand = self._demand(fid)
+        placed = self.cluster.place(demand)
+        if isinstance(placed, Unplaceable):
+            return False
+        self._moves[fid] = (demand.replica, self.slot_replica[mine[i]], now + float(self.cold[fid]),
+                            self._slice_of[fid], self._device_index[placed.device.id])
+        self.starts += 1
+        return True
+
+    def _cancel_move(self, fid: int) -> None:
+        new = self._moves.pop(fid)[0]
+        self.cluster.release(new)
+
+    def _finish_moves(self, now: float) -> None:
+        """The moves whose new replica is ready by `now`: the old replica's slot runs on from now
+        as the new one, on its slice and device, and the old slice is given back."""
+        srv = self.servers
+        for fid, (new, old, ready_at, fraction, device) in list(self._moves.items()):
+            if ready_at > now:
+                continue
+            del self._moves[fid]
+            slot = self.replica_slot.pop(old)
+            del self.slot_replica[slot]
+            # the old one finishes what it has queued, its slice charged until then (as _remove)
+            self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
+            self.cluster.release(old)
+            srv.slice[slot], srv.device[slot] = fraction, device
+            srv.speed[slot] = self.profiles[fid].ref_slice / fraction
+            self.replica_slot[new], self.slot_replica[slot] = slot, new
 
     def _start(self, fid: int, count: int, now: float) -> None:
         """Place `count` replicas; those that do not fit for want of room wait for _share_out when
@@ -1316,6 +1393,8 @@ class Simulation:
             self._remove(fid, replica, now)
 
     def _remove(self, fid: int, replica: str, now: float) -> None:
+        if fid in self._moves and self._moves[fid][1] == replica:  # taken back while moving
+            self._cancel_move(fid)
         srv = self.servers
         slot = self.replica_slot.pop(replica)
         del self.slot_replica[slot]

@@ -339,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-take-back", action="store_true",
                    help="a replica that cannot be placed does not take slices back from other functions' "
                         "replicas, idle or busy (for comparison; requests waiting for it are refused)")
+    p.add_argument("--no-move-to-slice", action="store_true",
+                   help="keep a running replica on its slice when the policy asks a smaller one for its function "
+                        "(default: a replica on the asked slice starts and takes over)")
     p.add_argument("--time-share-busy", type=float, default=ControllerConfig().time_share_busy,
                    help="a function's first replica that no free or lent slice can take time-shares a device "
                         "whose replicas are busy at most this share of its compute (default 0.5; 0: never, "
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.state_dir), args.devices, args.auth_inference,
             GatewayConfig(hold_timeout_s=args.hold_timeout_s),
             ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back,
-                             time_share_busy=args.time_share_busy),
+                             time_share_busy=args.time_share_busy, move_to_slice=not args.no_move_to_slice),
             int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy), args.mps,
         )
     except ValueError as exc:

@@ -397,30 +397,30 @@ def _circular_median(phases: list[float]) -> float:
     return (centre + offset) % 1.0
 
 
-def _answered(folder: Path) -> tuple[list[float], list[float], tuple[float, ...]]:
+def _answered(folder: Path, profile: Path = PROFILE) -> tuple[list[float], list[float], tuple[float, ...]]:
     """A live report folder's answered (200) requests, as sent (s) and latencies (s), with the
     profile's batch seconds by rows (batch_seconds)."""
     from autoscaler.simulator import batch_seconds
 
-    made = sim_profile(PROFILE, 0.0)
+    made = sim_profile(profile, 0.0)
     with (folder / "requests.csv").open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "200"]
     return ([float(r["start"]) for r in rows], [float(r["latency_ms"]) / 1000.0 for r in rows],
             batch_seconds(made.latency_ms, made.max_batch))
 
 
-def live_overhead_s(folder: Path) -> float | None:
+def live_overhead_s(folder: Path, profile: Path = PROFILE) -> float | None:
     """batch_overhead_s of a live report folder's requests (its requests.csv), on the profile's
     batches; for a run that one replica served from start to end."""
-    return batch_overhead_s(*_answered(folder))
+    return batch_overhead_s(*_answered(folder, profile))
 
 
-def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S) -> float | None:
+def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S, profile: Path = PROFILE) -> float | None:
     """request_path_s of a live report folder's requests (its requests.csv), against the
     profile's batch of one plus `overhead_s`. Only answered (200) requests count, and those not
     answered are left out before deciding which were alone: a slow failure overlapping an
     answered request would leave that one looking alone."""
-    sent, latency_s, seconds = _answered(folder)
+    sent, latency_s, seconds = _answered(folder, profile)
     return request_path_s(sent, latency_s, seconds[0] + overhead_s)
 
 
@@ -457,6 +457,10 @@ def live_data_path(path_s: float = REQUEST_PATH_S):
     return LiveDataPath
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
     """The commands a reader runs to repeat the comparison (one live run per policy)."""
     lines = [f"python -m loadtests.bench.simlive --policies {','.join(args.policies)} --minutes {args.minutes:g} "
@@ -465,12 +469,14 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
              + (f" --path-ms {args.path_ms:g}" if args.path_ms != REQUEST_PATH_S * 1000.0 else "")
              + (f" --phases {args.phases}" if args.phases else "")
              + (f" --initial {args.initial}" if args.initial else "")
+             + (f" --trace {args.trace}" if args.trace != TRACE else "")
+             + (f" --profile {args.profile}" if args.profile != PROFILE else "")
              + (f" --json {args.json}" if args.json else "")]
     for p in args.policies:
         lines.append(f"  live {p}: shoal up --devices {DEVICES} --policy {p} --tick-s {TICK_S:g}; shoal deploy "
-                     f"{PROFILE.relative_to(ROOT)} --name {FUNCTION} --slice {SLICE} --min 0 --max {MAX_REPLICAS} "
+                     f"{_shown(args.profile)} --name {FUNCTION} --slice {SLICE} --min 0 --max {MAX_REPLICAS} "
                      + (f"--initial {args.initial} " if args.initial else "") +
-                     f"--slo-ms {SLO_MS:g} --batch {sim_profile(PROFILE, 0.0).max_batch} --target-concurrency {TARGET_CONCURRENCY:g}; "
+                     f"--slo-ms {SLO_MS:g} --batch {sim_profile(args.profile, 0.0).max_batch} --target-concurrency {TARGET_CONCURRENCY:g}; "
                      f"shoal loadtest csv --function {FUNCTION} --trace {window.path} --duration "
                      f"{window.duration_s:g}" + (" (once its initial replicas are ready)" if args.initial
                                                   else " --from-zero"))
@@ -498,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where in the trace they begin (default 0: its first minutes)")
     p.add_argument("--compress", type=float, default=4.0, help="divide its times by this (default 4)")
     p.add_argument("--trace", type=Path, default=TRACE, help=f"the real trace (default {TRACE})")
+    p.add_argument("--profile", type=Path, default=PROFILE,
+                   help=f"the emulated profile deployed on a {SLICE} slice (default {PROFILE.relative_to(ROOT)})")
     p.add_argument("--out", type=Path, help="folder for the window and the live reports "
                                             "(default loadtests/reports/simlive-TIME)")
     p.add_argument("--sim-only", action="store_true",
@@ -575,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"({args.minutes:g} min from minute {args.start_minute:g}) has "
                                      f"{window.requests}: not the window it ran")
             else:
-                live = live_run(policy, window, folder, initial=args.initial)
+                live = live_run(policy, window, folder, profile=args.profile, initial=args.initial)
             if live["cold_start_s"] is None:
                 raise ValueError(f"{policy}: no replica started live during the load"
                                  + (" (its initial replicas started before it)" if args.initial else "")
@@ -583,11 +591,11 @@ def main(argv: list[str] | None = None) -> int:
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
-                   "initial": args.initial}
+                   "initial": args.initial, "profile": args.profile}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             # one replica served it all: one start in the load and none before it, or an initial one alone
-            measured = live_overhead_s(folder) if live["replica_starts"] + args.initial == 1 else None
-            path = live_path_s(folder, args.overhead_ms / 1000.0)
+            measured = live_overhead_s(folder, args.profile) if live["replica_starts"] + args.initial == 1 else None
+            path = live_path_s(folder, args.overhead_ms / 1000.0, args.profile)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
                                "tick_s": tick, "overhead_ms": args.overhead_ms,
                                "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3),

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, Rate, Want, chance_of_request, choose_takebacks,
-    cold_start_misses, need_of, observe_rate, replica_rank, share, takeback_cost,
+    cold_start_misses, need_of, observe_rate, replica_rank, share, takeback_cost, to_move,
 )
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
@@ -760,3 +760,139 @@ def test_need_is_the_work_of_the_windows_arrivals_not_the_duty_of_a_backlog():
                ReplicaStat(r.id, 100.0, completed=120.0, busy_s=1.0)]
     traffic, need = scaler._traffic_and_need()
     assert traffic["f1"] == pytest.approx(10.0) and need["f1"] == 1
+
+
+# ---- a replica held on a larger slice than its policy asks is moved to it
+
+
+@pytest.mark.parametrize("slices, ready, asked, steady, expected", [
+    ((0.5,), (True,), 0.125, True, 0),  # a lone idle replica the hint would never reach
+    ((0.5,), (True,), 0.5, True, None),  # on the asked slice
+    ((0.125,), (True,), 0.5, True, None),  # smaller than asked: shrinks only
+    ((0.5,), (True,), 0.125, False, None),  # the look scaled it, or one is starting
+    ((0.5,), (False,), 0.125, True, None),  # not ready yet: nothing to take over from
+    ((0.25, 0.5, 0.5), (True, True, True), 0.125, True, 1),  # the largest first, the first of equals
+    ((0.25, 0.5), (True, False), 0.125, True, 0),
+])
+def test_to_move(slices, ready, asked, steady, expected):
+    assert to_move(slices, ready, asked, steady) == expected
+
+
+class _GatedBackend(_Backend):
+    """Replicas named in `gate` are ready only once it is set; those in `fail` fail to start."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gated: set[str] = set()
+        self.fail: set[str] = set()
+
+    async def wait_ready(self, handle, timeout_s):
+        if handle.id in self.fail:
+            raise RuntimeError("exited with status 3")
+        if handle.id in self.gated:
+            await self.gate.wait()
+        return 0.5, 2.0
+
+
+def _half_spec() -> FunctionSpec:
+    return FunctionSpec("f", "sha256:" + "0" * 64 + "/p.yaml", slice=SliceRequest(Fraction(1, 2), None),
+                        scaling=ScalingSpec(slo_p95_ms=500.0, idle_to_zero_s=60.0))
+
+
+def _moving_scaler():
+    """One emulated device; f deployed on 1/2, its one replica ready."""
+    events: list[tuple] = []
+    backend, router = _GatedBackend(), _Router({})
+    scaler = ReplicaScaler(backend, router, Inventory((emulated(0),)), lambda *a, **k: events.append((a, k)),
+                           CollectorRegistry(), ControllerConfig())
+    asyncio.run(scaler.start_replica("f", _half_spec(), 1))
+    return scaler, backend, router, events
+
+
+def _look(scaler, desired: int, reason: str = "STABLE", slice_fraction: float | None = None):
+    return scaler.apply({"f": Target(_half_spec(), 1, desired, ScaleDecision(desired, reason, "",
+                                                                             slice_fraction))})
+
+
+def test_a_lone_replica_moves_to_the_slice_its_policy_asks_and_the_old_one_drains():
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+
+    async def run():
+        await _look(scaler, 1, "SLICE", 0.125)  # the hint: new replicas get 1/8
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    (new,) = scaler.live("f")
+    assert new is not old and new.state == "ready" and new.placement.fraction == Fraction(1, 8)
+    assert router.drained == [old.id] and backend.stopped == [old.id] and old.id not in scaler.replicas
+    assert scaler.cluster.allocated_ratio("emulated:0") == pytest.approx(0.125)
+    (moved,) = [a for a, _ in events if a[0] == "slice" and "take over" in a[1]]
+    assert f"{new.id} starts on a 1/8 slice to take over from {old.id} on 1/2" in moved[1]
+    stopped = [a[1] for a, _ in events if a[0] == "replica_stopped"]
+    assert stopped == [f"{old.id} stopped (moved to {new.id} on a 1/8 slice)"]
+
+
+def test_a_replica_moving_is_not_in_the_fleet_and_a_scale_up_calls_the_move_off():
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+    backend.gated.add("f-2")  # the move's replica
+
+    async def run():
+        await _look(scaler, 1, "SLICE", 0.125)
+        await asyncio.sleep(0)
+        moving = scaler.replicas["f-2"]
+        assert moving.moving_from == old.id and moving.state == "starting"
+        assert scaler.live("f") == [old] and scaler.observe({"f": (_half_spec(), 1)})["f"].replicas == 1
+        await _look(scaler, 1)  # steady: the move goes on
+        assert moving.state == "starting" and len(backend.created) == 2
+        backend.gate.set()  # its replica is ready in the very turn the next look scales the function:
+        await _look(scaler, 2, "BURST")  # called off before it can take over; a new replica on 1/8
+        await asyncio.gather(*scaler._tasks)
+        return moving
+
+    moving = asyncio.run(run())
+    assert moving.state == "stopped" and "f-2" not in scaler.replicas
+    assert sorted(r.id for r in scaler.live("f")) == [old.id, "f-3"] and old.state == "ready"
+    assert scaler.replicas["f-3"].placement.fraction == Fraction(1, 8) and router.drained == []
+    assert backend.created == [old.id, "f-2", "f-3"]  # no move beside a scale-up
+
+
+def test_a_move_that_fails_to_start_leaves_the_old_replica_serving_and_waits_to_try_again():
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+    backend.fail.add("f-2")
+
+    async def run():
+        await _look(scaler, 1, "SLICE", 0.125)
+        await asyncio.gather(*scaler._tasks)
+        await _look(scaler, 1)  # within MOVE_RETRY_S: not tried again
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert scaler.live("f") == [old] and old.state == "ready" and backend.created == [old.id, "f-2"]
+    assert router.failed == [] and "f" not in scaler.failures  # the function is not backed off
+    assert [a[0] for a, _ in events].count("replica_failed") == 1
+
+
+@pytest.mark.parametrize("when", ["before the next look", "before it is ready"])
+def test_a_move_whose_old_replica_goes_is_called_off(when):
+    """The old replica taken back or exited mid-move: the simulator calls the move off at once
+    (_remove); live, the next look does, or the move's replica when ready does not take over."""
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+    backend.gated.add("f-2")
+
+    async def run():
+        await _look(scaler, 1, "SLICE", 0.125)
+        await asyncio.sleep(0)
+        old.state = "draining"  # taken back (ReplicaScaler._take), or reaped
+        if when == "before the next look":
+            await _look(scaler, 0)  # steady at 0: the old one is not ready, so no move goes on
+        backend.gate.set()
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert "f-2" not in scaler.replicas and "f-2" not in router.added and scaler.live("f") == []
+    assert "f-2" in backend.stopped

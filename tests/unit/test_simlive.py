@@ -429,3 +429,20 @@ def test_a_live_folder_says_how_it_was_started(tmp_path):
     assert simlive.started_with(tmp_path) == 0
     (tmp_path / "simlive.json").write_text('{"policy": "shoal", "initial": 2}\n')
     assert simlive.started_with(tmp_path) == 2
+
+
+def test_another_profile_and_trace_are_in_the_commands(tmp_path):
+    from loadtests.bench import simlive
+
+    profile = simlive.ROOT / "functions" / "examples" / "emulated_resnet.yaml"
+    trace = tmp_path / "steady.csv"
+    args = simlive.build_parser().parse_args(["--policies", "shoal", "--profile", str(profile), "--trace", str(trace)])
+    args.policies = ["shoal"]
+    window = simlive.Window(tmp_path / "window.csv", 60.0, 3, "test", 1.0, 1.0)
+    lines = simlive.commands(args, window, tmp_path)
+    assert f"--profile {profile}" in lines[0] and f"--trace {trace}" in lines[0]
+    assert "shoal deploy functions/examples/emulated_resnet.yaml " in lines[1] and "--batch 32 " in lines[1]
+    plain = simlive.build_parser().parse_args(["--policies", "shoal"])
+    plain.policies = ["shoal"]
+    default = simlive.commands(plain, window, tmp_path)
+    assert "--profile" not in default[0] and "emulated_code.yaml" in default[1]

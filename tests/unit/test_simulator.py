@@ -1067,6 +1067,56 @@ def test_shoal_fixed_keeps_its_slices():
     assert early._slice_of[0] == 0.25
 
 
+def test_a_lone_replica_moves_to_the_slice_its_policy_asks():
+    """The load above: the hint to 1/8 comes at the look at 417 s. Before, only replicas started
+    after a hint got its slice, and this one, never idle long enough to go to zero, kept 1/4 to
+    the end (120 slice-s). Now a replica on 1/8 starts at once (a 1 s start, charged from the
+    tick it was asked in: 2 ticks x 1/8) and takes over at the tick start at 418 s: requests 418
+    to 479 run on it at 20 ms (1/4 / 1/8 = twice the profile's 10 ms), 62 ticks x 1/8 held less:
+    120 - 7.75 + 0.25 = 112.5 slice-s; the same requests within the SLO."""
+    trace = trace_of(np.arange(0.5, 480.0, 1.0), duration=480.0)
+    profiles = [Profile("p", ((1, 10.0),), 0.25, 0.25, cold_start_s=1.0, slo_ms=1000)]
+    runs = {}
+    for moves in (True, False):
+        Recording.instances = []
+        sim = Recording(trace, profiles, S.ShoalPolicy(S.PolicyConfig(slice_window_s=5.0), name="shoal"),
+                        SimConfig(gpus=1, move_to_slice=moves))
+        record = sim.run()
+        (slot,) = sim.slots[0]
+        runs[moves] = (record, float(sim.servers.slice[slot]), np.round(np.array(sim.latencies) * 1000.0, 3))
+    (moved, moved_slice, moved_ms), (kept, kept_slice, kept_ms) = runs[True], runs[False]
+    assert (moved_slice, kept_slice) == (0.125, 0.25)
+    assert kept["replica_slice_seconds"] == pytest.approx(120.0)
+    assert moved["replica_slice_seconds"] == pytest.approx(112.5)
+    assert (moved["replica_starts"], kept["replica_starts"]) == (2, 1)  # the move is a start, not a cold one
+    assert moved["cold_starts"] == kept["cold_starts"] and moved["slo_attainment"] == kept["slo_attainment"]
+    assert np.flatnonzero(moved_ms == 20.0).tolist() == [1] + list(range(418, 480))  # [1]: queued behind the first
+    assert np.flatnonzero(kept_ms == 20.0).tolist() == [1]
+
+
+def test_a_look_that_scales_calls_a_move_off_and_its_slice_is_given_back():
+    """The load above with a 20 s start: the move asked at the tick's end at 419 s (its replica
+    ready at 439) is called off by a look that asks for two replicas at 425: its slice is released
+    at once and the scale-up's replica placed on 1/8 beside the old one on 1/4."""
+    trace = trace_of(np.arange(0.5, 480.0, 1.0), duration=480.0)
+    profiles = [Profile("p", ((1, 10.0),), 0.25, 0.25, cold_start_s=20.0, slo_ms=1000)]
+    seen = {}
+
+    class Scaled(Recording):
+        def _decide_all(self, t1):
+            super()._decide_all(t1)
+            if t1 == 425.0:
+                seen["before"] = dict(self._moves)
+                self._apply(0, ScaleDecision(2, "BURST"), t1)
+                seen["after"] = (dict(self._moves), "f0-2" in self.cluster,
+                                 sorted(float(self.servers.slice[s]) for s in self.slots[0]))
+
+    Recording.instances = []
+    Scaled(trace, profiles, S.ShoalPolicy(S.PolicyConfig(slice_window_s=5.0), name="shoal"), SimConfig(gpus=1)).run()
+    assert seen["before"] == {0: ("f0-2", "f0-1", 439.0, 0.125, 0)}
+    assert seen["after"] == ({}, False, [0.125, 0.25])
+
+
 def test_cli_starts_cold_on_request(tmp_path, capsys):
     out = tmp_path / "o.json"
     rc = cli.main(["--trace", "poisson", "--rate", "5", "--functions", "2", "--seconds", "10", "--policy",
