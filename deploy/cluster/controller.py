@@ -48,9 +48,10 @@ class ClusterController:
         self.source = FunctionQueries(query)
         self.scaler = KubernetesScaler(backend, artifact, lease, lease_s)
         # a Deployment's replicas all run its slice (a new slice is a new revision): the policy asks
-        # for none, so no decision says it starts one on a slice it will not get
+        # for none, so no decision says it starts one on a slice it will not get; named as the
+        # simulator names Shoal without resizing, so its metric and events say which runs
         self.loop = Loop(functions, self.source, self.scaler, log_event, registry or CollectorRegistry(),
-                         Shoal(replace(DEFAULT_CONFIG, slice_hints=False)))
+                         Shoal(replace(DEFAULT_CONFIG, slice_hints=False), name="shoal-fixed"))
         self.is_leader = False
         self.last_decisions: dict[str, ScaleDecision] = {}
         self._runner: asyncio.AbstractEventLoop | None = None  # the ticks' own, in whichever thread ticks

@@ -120,12 +120,16 @@ class MpsDaemon:
 
     def start(self) -> None:
         """Start the daemon (`-d`: it runs on as a daemon, and starts an MPS server at its first
-        client) on fresh directories, one left there quit first (gpu_sharing: quit_left).
+        client) on fresh directories, one left there quit first (gpu_sharing: quit_left). The
+        daemon appends to its logs (control.log, server.log): the last run's are kept as
+        *.log.1, so the directory holds two runs, not every run since the first.
         RuntimeError with its words where it does not start."""
         try:
             shutil.rmtree(self.pipe, ignore_errors=True)
             self.pipe.mkdir(mode=0o700, parents=True)
             self.logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for old in self.logs.glob("*.log"):
+                old.replace(old.with_name(f"{old.name}.1"))
         except OSError as exc:
             raise RuntimeError(f"cannot prepare {self.pipe}: {exc}") from None
         try:

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from deploy.cluster.backend import KubernetesBackend, Observed
 from deploy.cluster.configmaps import ConfigMapFunctions
@@ -412,3 +413,17 @@ def test_a_start_from_zero_on_the_cluster_asks_for_no_other_slice(hints):
     decision = c.tick().decisions["digits"]
     assert decision.reason == "COLD_START"
     assert (decision.slice_fraction, "starts on" in decision.detail) == ((0.125, True) if hints else (None, False))
+
+
+def test_the_cluster_controller_says_it_runs_shoal_without_slice_resizing():
+    """A Deployment's replicas all run its slice: the policy runs with slice hints off, and its
+    metric says so by the simulator's name for it (shoal-fixed), not plain shoal."""
+    registry = CollectorRegistry()
+    cluster = Cluster()
+    kube, clock = FakeKube(), Clock()
+    backend = KubernetesBackend(cluster, kube, kube, kube, clock=clock, identity="a")
+    made = ClusterController(backend, ConfigMapFunctions(kube, "shoal"), lambda q: [],
+                             lambda spec: artifact_for(spec, "pvc", ""), clock, registry=registry)
+    assert made.loop.policy.name == "shoal-fixed" and not made.loop.policy.config.slice_hints
+    assert registry.get_sample_value("shoal_controller_policy", {"policy": "shoal-fixed"}) == 1.0
+    assert registry.get_sample_value("shoal_controller_policy", {"policy": "shoal"}) is None

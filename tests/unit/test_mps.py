@@ -105,6 +105,17 @@ def test_shoal_up_starts_a_daemon_of_its_own_and_quits_it(control, tmp_path):
     assert _asked(control)[-1] == f"quit pipe={pipe}"
 
 
+def test_each_start_keeps_the_last_runs_daemon_logs_and_no_older(control, tmp_path):
+    logs = tmp_path / "mps" / "log"
+    for run in ("first", "second", "third"):
+        sharing, daemon = _sharing(control, tmp_path / "mps")
+        (logs / "control.log").write_text(f"{run}\n")  # as the daemon appends to it
+        daemon.quit()
+    assert (logs / "control.log").read_text() == "third\n"
+    assert (logs / "control.log.1").read_text() == "second\n"
+    assert sorted(p.name for p in logs.iterdir()) == ["control.log", "control.log.1"]
+
+
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_a_daemon_a_killed_shoal_up_left_is_quit_at_the_next_start(control, tmp_path, mode):
     _sharing(control, tmp_path / "mps")  # never quit: shoal up was killed
