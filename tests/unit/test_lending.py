@@ -896,3 +896,21 @@ def test_a_move_whose_old_replica_goes_is_called_off(when):
     asyncio.run(run())
     assert "f-2" not in scaler.replicas and "f-2" not in router.added and scaler.live("f") == []
     assert "f-2" in backend.stopped
+
+
+def test_a_function_removed_mid_move_stops_both_replicas_and_frees_both_slices():
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+    backend.gated.add("f-2")
+
+    async def run():
+        await _look(scaler, 1, "SLICE", 0.125)
+        await asyncio.sleep(0)
+        assert scaler.cluster.allocated_ratio("emulated:0") == pytest.approx(0.5 + 0.125)
+        scaler.observe({})  # shoal rm: the function is gone from the registry
+        backend.gate.set()
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert scaler.replicas == {} and sorted(backend.stopped) == sorted([old.id, "f-2"])
+    assert scaler.cluster.allocated_ratio("emulated:0") == 0.0 and "f-2" not in router.added
