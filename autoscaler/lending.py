@@ -296,21 +296,19 @@ def _cheapest_room(cluster: SliceCluster, demand: Demand, candidates: list[Hold]
     return None if best is None else best[1]
 
 
-def to_move(slices: Sequence[float], ready: Sequence[bool], asked: float, steady: bool) -> int | None:
+def to_move(slices: Sequence[float], asked: float) -> int | None:
     """Which replica of a function to move to the slice `asked` (the one its replicas get now),
-    if any: the first ready one on the largest slice above it, while the function is `steady` (its
-    last look neither scaled it nor has a replica of it starting or moving). Shrinks only: the
+    if any: the first on the largest slice above it. The callers move one only while the function
+    is steady (its last look did not scale it, no replica of it starting or moving). Shrinks only: the
     policy asks a smaller slice for a lone idle replica, which never goes to zero while requests
     keep coming, so the hint would reach no replica and the idle slice-seconds it prices would be
     the old slice's (the Azure-like population: a third of Shoal's, docs/benchmarks.md). A slice
     is set when a replica starts (an MPS client's thread share, the emulated device's speed), so a
     move is a new replica: it starts on the asked slice where one is free, and once it is ready the
-    old one drains and stops, its requests answered. E.g. slices (0.5,), ready (True,), asked 0.125:
-    0; asked 0.5: None."""
-    if not steady:
-        return None
+    old one drains and stops, its requests answered. E.g. slices (0.5,), asked 0.125: 0; asked
+    0.5: None."""
     best = None
-    for i, (fraction, up) in enumerate(zip(slices, ready)):
-        if up and fraction > asked + 1e-9 and (best is None or fraction > slices[best]):
+    for i, fraction in enumerate(slices):
+        if fraction > asked + 1e-9 and (best is None or fraction > slices[best]):
             best = i
     return best

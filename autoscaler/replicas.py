@@ -259,8 +259,9 @@ class ReplicaScaler:
         if self.clock() < self.no_move_before.get(name, -math.inf):
             return
         mine = self.live(name)
-        ready = [r.state == "ready" for r in mine]
-        i = to_move([float(r.placement.fraction) for r in mine], ready, float(self.slice_for(spec)), all(ready))
+        if not all(r.state == "ready" for r in mine):
+            return
+        i = to_move([float(r.placement.fraction) for r in mine], float(self.slice_for(spec)))
         if i is None:
             return
         old = mine[i]

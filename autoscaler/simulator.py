@@ -1305,11 +1305,11 @@ class Simulation:
         srv, mine = self.servers, self.slots[fid]
         if fid in self._moves or not mine:
             return True
-        ready = [bool(srv.ready_at[s] <= now) for s in mine]
-        slices = [float(srv.slice[s]) for s in mine]
-        i = to_move(slices, ready, self._slice_of[fid], all(ready))
-        if i is None:  # nothing to move, or one starting: asked again once it is ready
-            return to_move(slices, [True] * len(mine), self._slice_of[fid], True) is None
+        i = to_move([float(srv.slice[s]) for s in mine], self._slice_of[fid])
+        if i is None:
+            return True  # nothing to move
+        if any(srv.ready_at[s] > now for s in mine):
+            return False  # one starting: asked again once it is ready
         demand = self._demand(fid)
         placed = self.cluster.place(demand)
         if isinstance(placed, Unplaceable):

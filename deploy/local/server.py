@@ -2,7 +2,7 @@
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
              [--auth-inference] [--no-take-back] [--time-share-busy 0.5] [--metrics-source direct|prometheus --prometheus-url URL]
-             [--policy shoal|kpa|ray] [--mps auto|on|off]
+             [--policy shoal|kpa|ray] [--mps auto|on|off] [--no-move-to-slice]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
 control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the

@@ -765,17 +765,14 @@ def test_need_is_the_work_of_the_windows_arrivals_not_the_duty_of_a_backlog():
 # ---- a replica held on a larger slice than its policy asks is moved to it
 
 
-@pytest.mark.parametrize("slices, ready, asked, steady, expected", [
-    ((0.5,), (True,), 0.125, True, 0),  # a lone idle replica the hint would never reach
-    ((0.5,), (True,), 0.5, True, None),  # on the asked slice
-    ((0.125,), (True,), 0.5, True, None),  # smaller than asked: shrinks only
-    ((0.5,), (True,), 0.125, False, None),  # the look scaled it, or one is starting
-    ((0.5,), (False,), 0.125, True, None),  # not ready yet: nothing to take over from
-    ((0.25, 0.5, 0.5), (True, True, True), 0.125, True, 1),  # the largest first, the first of equals
-    ((0.25, 0.5), (True, False), 0.125, True, 0),
+@pytest.mark.parametrize("slices, asked, expected", [
+    ((0.5,), 0.125, 0),  # a lone idle replica the hint would never reach
+    ((0.5,), 0.5, None),  # on the asked slice
+    ((0.125,), 0.5, None),  # smaller than asked: shrinks only
+    ((0.25, 0.5, 0.5), 0.125, 1),  # the largest first, the first of equals
 ])
-def test_to_move(slices, ready, asked, steady, expected):
-    assert to_move(slices, ready, asked, steady) == expected
+def test_to_move(slices, asked, expected):
+    assert to_move(slices, asked) == expected
 
 
 class _GatedBackend(_Backend):
@@ -810,6 +807,21 @@ def _moving_scaler():
     return scaler, backend, router, events
 
 
+def _gated_move():
+    """_moving_scaler with the move's replica (f-2) held starting until backend.gate is set; and
+    f's replica on 1/2, the one to move."""
+    scaler, backend, router, events = _moving_scaler()
+    backend.gated.add("f-2")
+    (old,) = scaler.live("f")
+    return scaler, backend, router, events, old
+
+
+async def _hint_to_an_eighth(scaler) -> None:
+    """The look that asks 1/8 for f's lone replica, and a turn for the move's replica to start."""
+    await _look(scaler, 1, "SLICE", 0.125)
+    await asyncio.sleep(0)
+
+
 def _look(scaler, desired: int, reason: str = "STABLE", slice_fraction: float | None = None):
     return scaler.apply({"f": Target(_half_spec(), 1, desired, ScaleDecision(desired, reason, "",
                                                                              slice_fraction))})
@@ -835,13 +847,10 @@ def test_a_lone_replica_moves_to_the_slice_its_policy_asks_and_the_old_one_drain
 
 
 def test_a_replica_moving_is_not_in_the_fleet_and_a_scale_up_calls_the_move_off():
-    scaler, backend, router, events = _moving_scaler()
-    (old,) = scaler.live("f")
-    backend.gated.add("f-2")  # the move's replica
+    scaler, backend, router, events, old = _gated_move()
 
     async def run():
-        await _look(scaler, 1, "SLICE", 0.125)
-        await asyncio.sleep(0)
+        await _hint_to_an_eighth(scaler)
         moving = scaler.replicas["f-2"]
         assert moving.moving_from == old.id and moving.state == "starting"
         assert scaler.live("f") == [old] and scaler.observe({"f": (_half_spec(), 1)})["f"].replicas == 1
@@ -880,13 +889,10 @@ def test_a_move_that_fails_to_start_leaves_the_old_replica_serving_and_waits_to_
 def test_a_move_whose_old_replica_goes_is_called_off(when):
     """The old replica taken back or exited mid-move: the simulator calls the move off at once
     (_remove); live, the next look does, or the move's replica when ready does not take over."""
-    scaler, backend, router, events = _moving_scaler()
-    (old,) = scaler.live("f")
-    backend.gated.add("f-2")
+    scaler, backend, router, events, old = _gated_move()
 
     async def run():
-        await _look(scaler, 1, "SLICE", 0.125)
-        await asyncio.sleep(0)
+        await _hint_to_an_eighth(scaler)
         old.state = "draining"  # taken back (ReplicaScaler._take), or reaped
         if when == "before the next look":
             await _look(scaler, 0)  # steady at 0: the old one is not ready, so no move goes on
@@ -899,13 +905,10 @@ def test_a_move_whose_old_replica_goes_is_called_off(when):
 
 
 def test_a_function_removed_mid_move_stops_both_replicas_and_frees_both_slices():
-    scaler, backend, router, events = _moving_scaler()
-    (old,) = scaler.live("f")
-    backend.gated.add("f-2")
+    scaler, backend, router, events, old = _gated_move()
 
     async def run():
-        await _look(scaler, 1, "SLICE", 0.125)
-        await asyncio.sleep(0)
+        await _hint_to_an_eighth(scaler)
         assert scaler.cluster.allocated_ratio("emulated:0") == pytest.approx(0.5 + 0.125)
         scaler.observe({})  # shoal rm: the function is gone from the registry
         backend.gate.set()
@@ -914,3 +917,25 @@ def test_a_function_removed_mid_move_stops_both_replicas_and_frees_both_slices()
     asyncio.run(run())
     assert scaler.replicas == {} and sorted(backend.stopped) == sorted([old.id, "f-2"])
     assert scaler.cluster.allocated_ratio("emulated:0") == 0.0 and "f-2" not in router.added
+
+
+def test_no_move_while_a_replica_of_the_function_starts():
+    """f scales to two on the hint's look (the new one starts on 1/8, held starting): no move
+    beside it, nor at a steady look while it starts; once it is ready, the one on 1/2 moves."""
+    scaler, backend, router, events = _moving_scaler()
+    (old,) = scaler.live("f")
+    backend.gated.add("f-2")
+
+    async def run():
+        await _look(scaler, 2, "BURST", 0.125)
+        await asyncio.sleep(0)
+        await _look(scaler, 2)  # steady, f-2 starting
+        assert backend.created == [old.id, "f-2"]
+        backend.gate.set()
+        await asyncio.gather(*scaler._tasks)
+        await _look(scaler, 2)  # steady, both ready: f-1 moves
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+    assert backend.created == [old.id, "f-2", "f-3"] and router.drained == [old.id]
+    assert sorted(r.placement.fraction for r in scaler.live("f")) == [Fraction(1, 8), Fraction(1, 8)]
