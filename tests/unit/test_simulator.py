@@ -1280,6 +1280,30 @@ def test_time_shared_replicas_run_slower_only_when_their_work_exceeds_the_device
     assert sim._stretch(10.0).tolist() == [1.0]
 
 
+def test_only_a_first_replica_takes_a_kept_one():
+    """f0 answered every 2 s until 8.5 s (KEPT at 10.5 s, as above); f1, on the GPU's other half,
+    answers a request every 10 ms (10 ms each: 1.0 busy second a second, 2 replicas at duty
+    0.9) and wants a second replica from 10 s on: a needed one, not a first. It is held short
+    at every tick's end from 10 s to 20 s (11 times) and f0 keeps its slice, as live, where a
+    further replica takes only idle ones (a needed one took f0's kept one before)."""
+    busy = np.arange(0.005, 20.0, 0.01)
+    f0 = [0.5, 2.5, 4.5, 6.5, 8.5]
+    times = np.concatenate([f0, busy])
+    fids = np.concatenate([np.zeros(len(f0), int), np.ones(len(busy), int)])
+    order = np.argsort(times, kind="stable")
+
+    def step(snapshot, spec, state, now):
+        return ScaleDecision(2 if snapshot.function == "f1" and now >= 10.0 else 1, "KEEP"), state
+
+    policy = S._Reactive("keeper", step, lambda: None)
+    policy.lends = True
+    sim = Simulation(trace_of(times[order], fids[order], duration=20.0, functions=2), [HALF] * 2, policy,
+                     SimConfig(gpus=1, time_share_busy=0.0), initial={0: 1, 1: 1})
+    record = sim.run()
+    assert record["takebacks"] == {} and sim.n_srv.tolist() == [1, 1]
+    assert record["held_short_by_rank"] == {"need": 11}, record
+
+
 # ---------------------------------------------------------------------- what reacting can do
 
 def test_held_max_holds_every_past_need_one_tick_late():
