@@ -1,7 +1,9 @@
-"""Per function, where Shoal's slice-seconds go on one trace of the policy bench: after the warm-up,
-each tick's replicas of the function times their slice, beside the oracle's count for that tick
-times the function's slice, and how many replicas Shoal held over the oracle's count, tick by tick.
-A diagnostic for a bench row that moved (docs/benchmarks.md); simulated, no GPU figure.
+"""Per function, where Shoal's slice-seconds and late requests go on one trace of the policy bench:
+after the warm-up, each tick's replicas of the function times their slice, beside the oracle's
+count for that tick times the function's slice, how many replicas Shoal held over the oracle's
+count, tick by tick, and its requests answered past their SLO (those that timed out unanswered
+are the record's `timed_out`). A diagnostic for a bench row that moved (docs/benchmarks.md);
+simulated, no GPU figure.
 
     python -m loadtests.bench.perfunction gamma-cv4 --seed 3 [--batcher exact]
 """
@@ -13,6 +15,8 @@ import collections
 from dataclasses import replace
 from typing import NamedTuple
 
+import numpy as np
+
 from autoscaler import simulator as S
 from loadtests.bench import policy as bench
 
@@ -22,11 +26,13 @@ class Row(NamedTuple):
     shoal_slice_s: float
     oracle_slice_s: float
     over: dict[int, int]  # replicas over the oracle's count -> ticks
+    late: int  # requests answered past the SLO
 
 
 def per_function(trace_name: str, seed: int, batcher: str = "rule") -> tuple[dict, list[Row]]:
     """Shoal's bench result on `trace_name` and, per function, its slice-seconds after the warm-up
-    beside the oracle's, and its replicas over the oracle's count, tick by tick."""
+    beside the oracle's, its replicas over the oracle's count, tick by tick, and its requests
+    answered past the SLO after the warm-up (counted where the record counts them)."""
     ((name, trace, profiles, config),) = bench.traces(False, seed, trace_name)
     config = replace(config, batcher=batcher)
     profiles = profiles if profiles is not None else S.assign_profiles(trace, seed)
@@ -34,8 +40,17 @@ def per_function(trace_name: str, seed: int, batcher: str = "rule") -> tuple[dic
     warm = round(config.warmup_s / config.tick_s)
     held: collections.Counter = collections.Counter()  # function -> slice-seconds
     over: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    late = np.zeros(len(profiles), np.int64)
 
     class Counted(S.Simulation):
+        def _reset_counts(self) -> None:
+            super()._reset_counts()
+            late[:] = 0
+
+        def _account(self, f, latency, s, n_f) -> None:
+            super()._account(f, latency, s, n_f)
+            late[:] += np.bincount(f[latency > self.slo_s[f]], minlength=len(late))
+
         def _decide_all(self, t1: float) -> None:
             super()._decide_all(t1)
             tick = int(round(t1)) - 1
@@ -50,7 +65,7 @@ def per_function(trace_name: str, seed: int, batcher: str = "rule") -> tuple[dic
     result = Counted(trace, profiles, S.ShoalPolicy(), config, S.warm_start(trace, profiles, counts)).run()
     rows = [Row(f"f{fid} {profile.name}", held[fid],
                 sum(c for tick, c in counts.get(fid, {}).items() if tick >= warm) * profile.slice_fraction * config.tick_s,
-                dict(sorted(over[fid].items())))
+                dict(sorted(over[fid].items())), int(late[fid]))
             for fid, profile in enumerate(profiles)]
     return result, rows
 
@@ -67,8 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         ratio = row.shoal_slice_s / row.oracle_slice_s if row.oracle_slice_s else float("nan")
         print(f"{row.function:16s} shoal {row.shoal_slice_s:9.1f} oracle {row.oracle_slice_s:9.1f} x{ratio:.3f}  "
-              f"replicas over the oracle's, ticks: {sorted(row.over.items())}")
-    print(f"{'all':16s} shoal {sum(r.shoal_slice_s for r in rows):9.1f} oracle {sum(r.oracle_slice_s for r in rows):9.1f}")
+              f"late {row.late:6d}  replicas over the oracle's, ticks: {sorted(row.over.items())}")
+    print(f"{'all':16s} shoal {sum(r.shoal_slice_s for r in rows):9.1f} oracle {sum(r.oracle_slice_s for r in rows):9.1f}"
+          f"         late {sum(r.late for r in rows):6d}")
 
 
 if __name__ == "__main__":
