@@ -1427,8 +1427,8 @@ class Simulation:
         placed now. As the live controller does (ReplicaScaler._start), a first replica with
         requests waiting takes only idle replicas at first; one that cannot time-shares a quiet
         device (_time_share) before it may take more; and only a first replica takes a kept one
-        (a function's last replica, between requests, whose loss would likely cost a late
-        request: _holds), which a further replica took before, ranked by need here: on the
+        (the idle replica a function keeps, whose loss would likely cost a late request:
+        _holds), which a further replica took before, ranked by need here: on the
         saturated cluster at seed 3 a whisper-tiny function at 90 requests a second, quiet for
         one tick, lost both its replicas to other functions' needed ones and started again cold.
         Those held short are counted per function."""
@@ -1456,10 +1456,10 @@ class Simulation:
                     shared = set()
                 left = {h.demand.replica for h in shares.short} - shared
                 asks = [a for a in asks if a.demand.replica not in firsts or a.demand.replica in left]
-        # a kept replica (a function's last, between requests) only for a first one, as live: a
-        # further replica of a busy function takes busy headroom and idle ones, never a kept one
-        firsts = [a for a in asks if a.rank == FLOOR]
-        shares = share(self.cluster, firsts, holds)
+        # only a first replica takes a kept one (the idle replica its function keeps: _holds), as
+        # live; a needed further one here still takes busy headroom (live: idle replicas only)
+        floors = [a for a in asks if a.rank == FLOOR]
+        shares = share(self.cluster, floors, holds)
         self._grant(shares.grants, now)
         further = share(self.cluster, [a for a in asks if a.rank != FLOOR], [h for h in holds if h.rank != KEPT])
         self._grant(further.grants, now)

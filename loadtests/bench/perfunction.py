@@ -1,8 +1,8 @@
 """Per function, where Shoal's slice-seconds and late requests go on one trace of the policy bench:
 after the warm-up, each tick's replicas of the function times their slice, beside the oracle's
 count for that tick times the function's slice, how many replicas Shoal held over the oracle's
-count, tick by tick, and its requests answered past their SLO (those that timed out unanswered
-are the record's `timed_out`). A diagnostic for a bench row that moved (docs/benchmarks.md);
+count, tick by tick, and its requests answered past their SLO (the record's `timed_out` also
+counts those never answered). A diagnostic for a bench row that moved (docs/benchmarks.md);
 simulated, no GPU figure.
 
     python -m loadtests.bench.perfunction gamma-cv4 --seed 3 [--batcher exact]

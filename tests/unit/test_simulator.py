@@ -1281,7 +1281,8 @@ def test_time_shared_replicas_run_slower_only_when_their_work_exceeds_the_device
 
 
 def test_only_a_first_replica_takes_a_kept_one():
-    """f0 answered every 2 s until 8.5 s (KEPT at 10.5 s, as above); f1, on the GPU's other half,
+    """f0 answered every 2 s until 8.5 s (KEPT at 10.5 s, as in
+    test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken); f1, on the GPU's other half,
     answers a request every 10 ms (10 ms each: 1.0 busy second a second, 2 replicas at duty
     0.9) and wants a second replica from 10 s on: a needed one, not a first. It is held short
     at every tick's end from 10 s to 20 s (11 times) and f0 keeps its slice, as live, where a
