@@ -13,8 +13,9 @@ replicas of other functions, and those held short said with why; what a busy rep
 through a cold start, per slice (an idle one's take-back cost counts the same late requests,
 weighted by the chance of a request and not per slice). The scaler (autoscaler.replicas) and
 the simulator act on it and rank busy replicas alike; the simulator also ranks further asks by
-need, the scaler asks them as headroom. A slice held but not asked for is given back too: a
-replica on a larger slice than its function's replicas now get is moved (`to_move`).
+need, the scaler asks them as headroom; a kept replica goes to a first replica only, in both.
+A slice held but not asked for is given back too: a replica on a larger slice than its
+function's replicas now get is moved (`to_move`).
 Pure: stdlib, placement and policy's cold_start_misses; no I/O, no clock.
 """
 
@@ -234,8 +235,10 @@ def share(cluster: SliceCluster, asks: Sequence[Ask], holds: Sequence[Hold]) -> 
     functions' `holds` of a lower rank that makes room at the least loss (the lowest rank taken,
     then the least value, then the fewest, then the consolidating order of
     `SliceCluster.release_order`, so whole devices go idle); one nothing can make room for is held
-    short, with why. So every function with requests gets its floor before any gets a needed
-    replica, and needed replicas before headroom, each granted by its value (replica_rank). Pure."""
+    short, with why. A KEPT hold (the idle replica a function keeps) goes only to a FLOOR ask: a
+    function's further replica, needed or not, never makes another go cold. So every function
+    with requests gets its floor before any gets a needed replica, and needed replicas before
+    headroom, each granted by its value (replica_rank). Pure."""
     scratch = cluster.copy()
     pool = {h.replica: h for h in holds if h.replica in cluster}
     grants: list[Grant] = []
@@ -248,7 +251,8 @@ def share(cluster: SliceCluster, asks: Sequence[Ask], holds: Sequence[Hold]) -> 
         if placed.status != Status.UNSCHEDULABLE:
             short.append(Short(ask.demand, ask.rank, f"no device can hold it: {placed.message}"))
             continue
-        lower = [h for h in pool.values() if h.function != ask.demand.function and h.rank < ask.rank]
+        lower = [h for h in pool.values() if h.function != ask.demand.function and h.rank < ask.rank
+                 and (h.rank != KEPT or ask.rank == FLOOR)]
         victims = _cheapest_room(scratch, ask.demand, lower)
         if victims is None:
             short.append(Short(ask.demand, ask.rank, _why_short(ask, lower)))

@@ -1427,11 +1427,12 @@ class Simulation:
         placed now. As the live controller does (ReplicaScaler._start), a first replica with
         requests waiting takes only idle replicas at first; one that cannot time-shares a quiet
         device (_time_share) before it may take more; and only a first replica takes a kept one
-        (the idle replica a function keeps, whose loss would likely cost a late request:
-        _holds), which a further replica took before, ranked by need here: on the
-        saturated cluster at seed 3 a whisper-tiny function at 90 requests a second, quiet for
-        one tick, lost both its replicas to other functions' needed ones and started again cold.
-        Those held short are counted per function."""
+        (share's rule; live no further ask could take one, since all are headroom there), which
+        a further replica took before, ranked by need here: on the saturated cluster at seed 3 a
+        whisper-tiny function at 90 requests a second, quiet for one tick, lost both its
+        replicas to other functions' needed ones and started again cold. A needed further
+        replica here still takes busy headroom (live: idle replicas only). Those held short are
+        counted per function."""
         short, self._short = self._short, {}
         traffic, need = self._traffic_and_need()
         asks = []
@@ -1456,14 +1457,8 @@ class Simulation:
                     shared = set()
                 left = {h.demand.replica for h in shares.short} - shared
                 asks = [a for a in asks if a.demand.replica not in firsts or a.demand.replica in left]
-        # only a first replica takes a kept one (the idle replica its function keeps: _holds), as
-        # live; a needed further one here still takes busy headroom (live: idle replicas only)
-        floors = [a for a in asks if a.rank == FLOOR]
-        shares = share(self.cluster, floors, holds)
+        shares = share(self.cluster, asks, holds)
         self._grant(shares.grants, now)
-        further = share(self.cluster, [a for a in asks if a.rank != FLOOR], [h for h in holds if h.rank != KEPT])
-        self._grant(further.grants, now)
-        shares = shares._replace(short=shares.short + further.short)
         for fid in {self._fid_of[h.demand.function] for h in shares.short}:
             self.unplaceable += 1  # once per function and tick, as _start counts one
         for held in shares.short:

@@ -373,6 +373,10 @@ SEVEN_FLOORS = [hold(f"f{i}-1", FLOOR) for i in range(7)]  # and one slice free
                  ["a-1"], ["f7-1"], [], id="idle and cheap goes before idle and dear"),
     pytest.param([ask("a-1", HEADROOM, 1.0)], HOLDS[:6] + [hold("f6-1", KEPT, 3.0), hold("f7-1", HEADROOM, 0.5)],
                  [], [], [("a-1", "headroom")], id="headroom takes neither a dear idle replica nor headroom"),
+    pytest.param([ask("a-1", NEED, 400.0)], SEVEN_FLOORS + [hold("f7-1", KEPT, 3.0)], [], [], [("a-1", "need")],
+                 id="a need never takes a kept replica, however much it is worth"),
+    pytest.param([ask("a-1", FLOOR, 1.0)], SEVEN_FLOORS + [hold("f7-1", KEPT, 3.0)], ["a-1"], ["f7-1"], [],
+                 id="a floor takes a kept replica"),
 ])
 def test_share_grants_by_rank_then_value_and_says_who_is_held_short(asks, holds, granted, taken, short):
     cluster = cluster_of(*FULL[:len(holds)])
