@@ -42,16 +42,16 @@ HOLD_TIMEOUT_S = 30.0  # shoal up's default: how long the gateway holds a reques
 # What each batch of shoal up's replica takes on this machine beyond the profile's slept time (the
 # batch loop, the executor's hand-off, the answers sent back), measured by batch_overhead_s on a
 # one-replica (ray) run: a property of the machine, not of Shoal. On the VM of 2026-11-27 four
-# runs gave 0.63-0.72 ms (0.7 was used to 2026-11-30); on this VM (2026-11-30) ray on minutes 30-40
-# gave 1.30 ms, taken to a tenth of a millisecond, and was checked on eight runs of other windows
-# and policies by a rule fixed first (docs/simlive.md, "The serving stack's time, measured again").
-# A live run whose one replica served it all measures it again and reports it beside the constant.
+# runs gave 0.63-0.72 ms (0.7 was used to 2026-11-30); on the VM of 2026-11-30 ray on minutes
+# 30-40 gave 1.30 ms, taken to a tenth of a millisecond, and was checked on eight runs of other
+# windows or policies by a rule fixed first (docs/simlive.md, "The serving stack's time, measured
+# again"). A live run whose one replica served it all measures it again beside the constant.
 SERVING_OVERHEAD_S = 0.0013
 # The request path's time beyond the replica's batch: Locust's client, the gateway and the two
 # HTTP hops, there and back: request_path_s, the median latency of the requests alone in flight
-# less the simulated batch of one (40 ms + SERVING_OVERHEAD_S), on the same run: 41.3 + 1.735 ms,
-# taken to a tenth (1.8 on the VM of 2026-11-27, against 40.7). Each live run measures it again
-# beside the constant.
+# less the simulated batch of one (40 ms + SERVING_OVERHEAD_S), on the same run: the median
+# 43.035 ms less 41.3 ms, 1.735 ms, taken to a tenth (1.8 on the VM of 2026-11-27, against
+# 40.7). Each live run measures it again beside the constant.
 REQUEST_PATH_S = 0.0017
 
 
@@ -293,8 +293,8 @@ def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) ->
     requests (sent at `sent`, answered `latency_s` later): the median latency of the requests
     alone in flight (sent after every earlier one was answered, answered before the next was
     sent), minus `alone_s`, what the simulator gives one such request (a batch of one with the
-    serving stack's time: the profile's 40 ms and 0.7 ms). None without such a request. E.g.
-    three requests alone that took 42.3, 42.5 and 42.6 ms, against 40.7: 1.8 ms."""
+    serving stack's time: the profile's 40 ms and SERVING_OVERHEAD_S). None without such a
+    request. E.g. three requests alone that took 42.3, 42.5 and 42.6 ms, against 40.7: 1.8 ms."""
     if len(sent) != len(latency_s):
         raise ValueError(f"{len(sent)} sends and {len(latency_s)} latencies")
     requests = sorted(zip(sent, latency_s))
