@@ -895,7 +895,9 @@ class Simulation:
         "exact"): serve_batched per function, on its replicas as they are (a replica still starting
         frees at its ready time), each at its speed on its slice. Live, the gateway sends each
         request to the replica with the fewest outstanding, where it queues; the simulator keeps one
-        queue per function, served by the replica that frees first: with one replica the same. A
+        queue per function, served by the replica that frees first: with one replica the same;
+        with several in a burst, fuller batches than live (the real trace's minutes 10-20 at 4x:
+        about 0.9 points of SLO, docs/simlive.md, "The serving stack's time, measured again"). A
         batch that would start at or after `until` (the tick's end) waits with the rest of the
         queue (_queued) for the next tick's call, as a replica that frees then runs what is queued
         by then, the next tick's requests too; e.g. one replica busy until 1.05 s, 2 requests
