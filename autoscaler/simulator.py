@@ -48,6 +48,7 @@ TIME_SHARE_BUSY = ControllerConfig().time_share_busy
 MOVE_TO_SLICE = ControllerConfig().move_to_slice
 BATCH_FILL = 0.8  # a batching replica takes what is queued: see batch_size
 BATCHERS = ("rule", "exact")  # SimConfig.batcher
+ROUTINGS = ("queue", "fewest")  # SimConfig.routing
 # no request answered or running yet (Simulation._answering): answered at, function, latency, occupancy,
 # rows, read (a timed-out one is read at its timeout, before its replica is done with it), sent (when it
 # left the gateway for a replica, or for the activator's hop: in flight from then)
@@ -121,10 +122,17 @@ class SimConfig:
     # (released_one_by_one): shoal up's does, as do Knative's activator and Ray Serve's router,
     # each forwarding a held request by itself once a replica can take it
     batcher: str = "rule"
+    # how the exact batcher's requests reach a function's replicas: "queue", one queue per
+    # function served by whichever replica frees first (serve_batched); "fewest", as shoal up's
+    # gateway routes them, each at its arrival to the ready replica with the fewest outstanding,
+    # where it waits for that replica's next batch (serve_routed)
+    routing: str = "queue"
 
     def __post_init__(self) -> None:
         if self.batcher not in BATCHERS:
             raise ValueError(f"batcher {self.batcher!r} must be one of {', '.join(BATCHERS)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing {self.routing!r} must be one of {', '.join(ROUTINGS)}")
         if not 0 <= self.time_share_busy <= 1:
             raise ValueError(f"time_share_busy ({self.time_share_busy}) must be within [0, 1]")
         if self.gpu_memory_mib < 1:
@@ -479,6 +487,7 @@ class Simulation:
         # per function, requests at its replicas whose batch did not start by the end of their tick
         # (the exact batcher): (arrival as the replicas see it, the hop in it, sent), run next tick
         self._queued: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._queued_at: dict[int, np.ndarray] = {}  # routing "fewest": the slot each queued request waits at
         # per function, its last replica, removed with requests queued: (free at, speed, slice); it
         # finishes them (_serve_batches), as a removed replica finishes what it has
         self._draining: dict[int, tuple[float, float, float]] = {}
@@ -895,9 +904,10 @@ class Simulation:
         "exact"): serve_batched per function, on its replicas as they are (a replica still starting
         frees at its ready time), each at its speed on its slice. Live, the gateway sends each
         request to the replica with the fewest outstanding, where it queues; the simulator keeps one
-        queue per function, served by the replica that frees first: with one replica the same;
-        with several in a burst, fuller batches than live (the real trace's minutes 10-20 at 4x:
-        about 0.9 points of SLO, docs/simlive.md, "The serving stack's time, measured again"). A
+        queue per function, served by the replica that frees first (SimConfig.routing "queue"):
+        with one replica the same; with several in a burst, fuller batches than live (the real
+        trace's minutes 10-20 at 4x: about 0.9 points of SLO, docs/simlive.md). Routing "fewest"
+        routes as the gateway does (_serve_routed, serve_routed). A
         batch that would start at or after `until` (the tick's end) waits with the rest of the
         queue (_queued) for the next tick's call, as a replica that frees then runs what is queued
         by then, the next tick's requests too; e.g. one replica busy until 1.05 s, 2 requests
@@ -916,6 +926,7 @@ class Simulation:
             lo, hi = spans.get(fid, (0, 0))
             mine_a, mine_hop, mine_sent = a[lo:hi], hop_of[lo:hi], sent[lo:hi]
             by_rows = batch_seconds(self.profiles[fid].latency_ms, int(self.max_batch[fid]))
+            pinned_slots, pinned = self._queued_at.pop(fid, None), None
             if fid in self._queued:
                 qa, qhop, qsent = self._queued.pop(fid)
                 if fid in self._draining:  # its last replica went: it runs them, all, before it is gone
@@ -928,6 +939,8 @@ class Simulation:
                                                                               (qsent, mine_sent)))
                     order = np.argsort(mine_a, kind="stable")  # an activator's hop may have changed since
                     mine_a, mine_hop, mine_sent = mine_a[order], mine_hop[order], mine_sent[order]
+                    if pinned_slots is not None:  # routing "fewest": each waits at the replica it went to
+                        pinned = np.concatenate([pinned_slots, np.full(hi - lo, -1, np.int64)])[order]
             if not len(mine_a):
                 continue
             if self.n_srv[fid] == 0:  # not reached: a function at zero has its requests held (_hold_cold)
@@ -935,6 +948,9 @@ class Simulation:
                 continue
             mine = slots[offset[fid]:offset[fid] + self.n_srv[fid]]
             speed = srv.speed[mine] if stretch is None else srv.speed[mine] * stretch[srv.device[mine]]
+            if self.config.routing == "fewest":
+                out += self._serve_routed(fid, mine, speed, mine_a, mine_hop, mine_sent, by_rows, until, pinned)
+                continue
             sizes, ends, busy, frees = serve_batched(mine_a.tolist(), srv.free[mine].tolist(), speed.tolist(),
                                                      by_rows, until)
             srv.free[mine] = frees
@@ -946,6 +962,29 @@ class Simulation:
         if not out:
             return tuple(np.zeros(0, np.int64) if k == 0 else np.zeros(0) for k in range(7))
         return tuple(np.concatenate(x) for x in zip(*out))
+
+    def _serve_routed(self, fid, mine, speed, a, hop_of, sent, by_rows, until, pinned_slots) -> list:
+        """_serve_batches's step for SimConfig.routing "fewest": serve_routed on the function's
+        replicas `mine` (slots), requests queued at a replica from before staying at it while it
+        is there (else routed again at their arrival); those not run wait at their replica for
+        the next call (_queued, _queued_at)."""
+        srv = self.servers
+        index = {int(slot): k for k, slot in enumerate(mine.tolist())}
+        pinned = None if pinned_slots is None else [index.get(int(x), -1) for x in pinned_slots.tolist()]
+        ends, rows, share, frees, left, at = serve_routed(a.tolist(), srv.free[mine].tolist(),
+                                                          srv.ready_at[mine].tolist(), speed.tolist(), by_rows,
+                                                          until, pinned)
+        srv.free[mine] = frees
+        if left:
+            keep = np.array(left, np.int64)
+            self._queued[fid] = (a[keep], hop_of[keep], sent[keep])
+            self._queued_at[fid] = mine[np.array(at, np.int64)]
+        run = np.flatnonzero(np.array(rows) > 0)
+        if not len(run):
+            return []
+        size = np.array(rows, float)[run]
+        return [(np.full(len(run), fid, np.int64), np.array(ends)[run] - a[run], np.array(share)[run], size,
+                 a[run], hop_of[run], sent[run])]
 
     @staticmethod
     def _ran(fid, a, hop_of, sent, sizes, ends, busy):
@@ -1710,6 +1749,72 @@ def serve_batched(times: list[float], frees: list[float], speeds: list[float], s
         after[k] = free
     return sizes, ends, busy, after
 
+
+
+def serve_routed(times: list[float], frees: list[float], readies: list[float], speeds: list[float],
+                 seconds: Sequence[float], until: float = math.inf, pinned: Sequence[int] | None = None
+                 ) -> tuple[list[float], list[int], list[float], list[float], list[int], list[int]]:
+    """shoal up's batcher behind shoal up's gateway (serving/gateway.py _pick): each request at
+    `times` (ascending) goes at its arrival to the replica with the fewest outstanding (queued
+    there, or in its running batch) among those ready (`readies`; none ready: the first to be),
+    ties to the one that frees first, then the first; or to `pinned[i]` (>= 0: routed before, a
+    replica index). A replica busy from before the first arrival counts one outstanding. A replica (free at `frees`, running `speeds` times the reference) runs what
+    is queued at it when it frees, up to len(`seconds`) rows, a batch of b rows taking
+    seconds[b - 1] x its speed; requests that come at one instant are routed before any batch
+    starts then. A batch that would start at or after `until` is not run: its requests stay
+    queued at their replica. Returns per request its batch's end, rows and its share of the
+    batch's seconds (rows 0: not run), each replica's free time after, and the requests not run
+    with the replica each waits at. E.g. two replicas free at 0, batches (1, 40 ms) and (8, 120
+    ms), arrivals at 0, 0, 10 and 20 ms: the first two run alone, one on each, done at 40 ms; the
+    third goes to the first (one outstanding each, it frees no later), the fourth to the second:
+    each alone from 40 ms, done at 80 ms (serve_batched's one queue: the first two as one batch
+    of 2, done at 51.4 ms, the others alone on the second replica, at 50 and 90 ms). Pure."""
+    from collections import deque
+
+    n, m, top = len(frees), len(times), len(seconds)
+    free = list(frees)
+    # a replica still running a batch begun before the first arrival counts as one outstanding
+    # until it frees (its batch's rows are not known here)
+    running = [1 if m and f > times[0] else 0 for f in frees]
+    queues: list = [deque() for _ in range(n)]
+    ends, rows, share = [math.nan] * m, [0] * m, [0.0] * m
+    heap: list[tuple[float, int]] = []
+    first_ready = min(range(n), key=lambda k: (readies[k], k))
+
+    def start(k: int, t: float) -> None:
+        b = min(top, len(queues[k]))
+        took = seconds[b - 1] * speeds[k]
+        for _ in range(b):
+            i = queues[k].popleft()
+            ends[i], rows[i], share[i] = t + took, b, took / b
+        free[k], running[k] = t + took, b
+        heapq.heappush(heap, (t + took, k))
+
+    i = 0
+    while True:
+        t_arr = times[i] if i < m else math.inf
+        if heap and heap[0][0] < t_arr:  # a replica frees (or may start) before the next arrival
+            t, k = heapq.heappop(heap)
+            if free[k] > t or not queues[k]:
+                continue  # busy again already, or nothing waits at it
+            if t >= until:
+                continue
+            start(k, t)
+            continue
+        if i >= m:
+            break
+        t = t_arr
+        if pinned is not None and pinned[i] >= 0:
+            k = pinned[i]
+        else:
+            ready = [k for k in range(n) if readies[k] <= t] or [first_ready]
+            k = min(ready, key=lambda k: (len(queues[k]) + (running[k] if free[k] > t else 0), free[k], k))
+        queues[k].append(i)
+        heapq.heappush(heap, (max(t, free[k], readies[k]), k))
+        i += 1
+    left = [i for k in range(n) for i in queues[k]]
+    at = [k for k in range(n) for _ in queues[k]]
+    return ends, rows, share, free, left, at
 
 def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int, fill: float = BATCH_FILL) -> int:
     """Rows per batch a dynamic batcher runs at `rate` requests per second on one replica:

@@ -309,12 +309,14 @@ def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) ->
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
             phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S,
-            path_s: float = REQUEST_PATH_S, initial: int = 0) -> dict[str, Any]:
+            path_s: float = REQUEST_PATH_S, initial: int = 0, routing: str = "fewest") -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
     live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
     nothing left out as warm-up, on shoal up's data path (LiveDataPath) with shoal up's batcher
-    (SimConfig batcher "exact"). The phase moves the arrivals, not the ticks: the simulator ticks
+    (SimConfig batcher "exact"), each request routed at its arrival to the replica with the fewest
+    outstanding, as the gateway routes it (`routing` "fewest"; "queue": one queue per function,
+    the simulator's before 2026-11-30, docs/simlive.md). The phase moves the arrivals, not the ticks: the simulator ticks
     at whole multiples of its tick, so arrivals come (1 - phase) ticks later; e.g. phase 0.85:
     live ticks at 0.85, 1.85, ... s of the load, the simulator's at 1, 2, ... s with the arrivals
     0.15 s later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch
@@ -326,7 +328,7 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
 
     made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
     config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=tick_s, timeout_s=HOLD_TIMEOUT_S,
-                       warmup_s=0.0, batcher="exact")
+                       warmup_s=0.0, batcher="exact", routing=routing)
     trace = read_window(window)
     late = ((1.0 - phase) % 1.0) * tick_s
     if late:
@@ -468,6 +470,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
              f"--start-minute {args.start_minute:g} --compress {args.compress:g} --out {out}"
              + (f" --overhead-ms {args.overhead_ms:g}" if args.overhead_ms != SERVING_OVERHEAD_S * 1000.0 else "")
              + (f" --path-ms {args.path_ms:g}" if args.path_ms != REQUEST_PATH_S * 1000.0 else "")
+             + (f" --routing {args.routing}" if args.routing != "fewest" else "")
              + (f" --phases {args.phases}" if args.phases else "")
              + (f" --initial {args.initial}" if args.initial else "")
              + (f" --trace {args.trace}" if args.trace != TRACE else "")
@@ -511,6 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default loadtests/reports/simlive-TIME)")
     p.add_argument("--sim-only", action="store_true",
                    help="reuse the live reports already in --out (OUT/live-POLICY), run only the simulator")
+    p.add_argument("--routing", choices=("queue", "fewest"), default="fewest",
+                   help="how the simulator's requests reach a function's replicas (SimConfig.routing): at "
+                        "arrival to the replica with the fewest outstanding, as shoal up's gateway routes "
+                        "them (default), or one queue per function, served by the replica that frees first")
     p.add_argument("--overhead-ms", type=float, default=SERVING_OVERHEAD_S * 1000.0,
                    help="each batch's time beyond the profile in the simulator (default "
                         f"{SERVING_OVERHEAD_S * 1000.0:g}, measured; 0: the profile's time alone)")
@@ -592,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
-                   "initial": args.initial, "profile": args.profile}
+                   "initial": args.initial, "profile": args.profile, "routing": args.routing}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             # one replica served it all: one start in the load and none before it, or an initial one alone
             measured = live_overhead_s(folder, args.profile) if live["replica_starts"] + args.initial == 1 else None
