@@ -21,6 +21,7 @@ import heapq
 import math
 import time as _time
 import warnings
+from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Callable, Protocol, Sequence
@@ -488,6 +489,7 @@ class Simulation:
         # (the exact batcher): (arrival as the replicas see it, the hop in it, sent), run next tick
         self._queued: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._queued_at: dict[int, np.ndarray] = {}  # routing "fewest": the slot each queued request waits at
+        self._batch_rows: dict[int, int] = {}  # routing "fewest": each slot's last batch's rows
         # per function, its last replica, removed with requests queued: (free at, speed, slice); it
         # finishes them (_serve_batches), as a removed replica finishes what it has
         self._draining: dict[int, tuple[float, float, float]] = {}
@@ -971,10 +973,13 @@ class Simulation:
         srv = self.servers
         index = {int(slot): k for k, slot in enumerate(mine.tolist())}
         pinned = None if pinned_slots is None else [index.get(int(x), -1) for x in pinned_slots.tolist()]
-        ends, rows, share, frees, left, at = serve_routed(a.tolist(), srv.free[mine].tolist(),
-                                                          srv.ready_at[mine].tolist(), speed.tolist(), by_rows,
-                                                          until, pinned)
+        busy = [self._batch_rows.get(int(slot), 1) for slot in mine.tolist()]
+        ends, rows, share, frees, left, at, running = serve_routed(
+            a.tolist(), srv.free[mine].tolist(), srv.ready_at[mine].tolist(), speed.tolist(), by_rows, until,
+            pinned, busy, until - self.config.tick_s if math.isfinite(until) else -math.inf)
         srv.free[mine] = frees
+        for slot, b in zip(mine.tolist(), running):
+            self._batch_rows[int(slot)] = b
         if left:
             keep = np.array(left, np.int64)
             self._queued[fid] = (a[keep], hop_of[keep], sent[keep])
@@ -1443,6 +1448,9 @@ class Simulation:
         self.slice_seconds += max(0.0, srv.free[slot] - now) * srv.slice[slot]
         if self.n_srv[fid] == 1 and fid in self._queued:  # and those waiting for its next batch
             self._draining[fid] = (max(float(srv.free[slot]), now), float(srv.speed[slot]), float(srv.slice[slot]))
+        elif fid in self._queued_at:  # routing "fewest": those waiting at it go to the others (live: it drains them)
+            self._queued_at[fid] = np.where(self._queued_at[fid] == slot, -1, self._queued_at[fid])
+        self._batch_rows.pop(slot, None)
         if srv.ready_at[slot] <= now and not self._measured[fid]:
             self._measure_cold((fid,))  # it was ready before it went
         self.cluster.release(replica)
@@ -1750,32 +1758,34 @@ def serve_batched(times: list[float], frees: list[float], speeds: list[float], s
     return sizes, ends, busy, after
 
 
-
 def serve_routed(times: list[float], frees: list[float], readies: list[float], speeds: list[float],
-                 seconds: Sequence[float], until: float = math.inf, pinned: Sequence[int] | None = None
-                 ) -> tuple[list[float], list[int], list[float], list[float], list[int], list[int]]:
+                 seconds: Sequence[float], until: float = math.inf, pinned: Sequence[int] | None = None,
+                 busy_rows: Sequence[int] | None = None, not_before: float = -math.inf
+                 ) -> tuple[list[float], list[int], list[float], list[float], list[int], list[int], list[int]]:
     """shoal up's batcher behind shoal up's gateway (serving/gateway.py _pick): each request at
     `times` (ascending) goes at its arrival to the replica with the fewest outstanding (queued
     there, or in its running batch) among those ready (`readies`; none ready: the first to be),
     ties to the one that frees first, then the first; or to `pinned[i]` (>= 0: routed before, a
-    replica index). A replica busy from before the first arrival counts one outstanding. A replica (free at `frees`, running `speeds` times the reference) runs what
-    is queued at it when it frees, up to len(`seconds`) rows, a batch of b rows taking
-    seconds[b - 1] x its speed; requests that come at one instant are routed before any batch
-    starts then. A batch that would start at or after `until` is not run: its requests stay
-    queued at their replica. Returns per request its batch's end, rows and its share of the
-    batch's seconds (rows 0: not run), each replica's free time after, and the requests not run
-    with the replica each waits at. E.g. two replicas free at 0, batches (1, 40 ms) and (8, 120
-    ms), arrivals at 0, 0, 10 and 20 ms: the first two run alone, one on each, done at 40 ms; the
-    third goes to the first (one outstanding each, it frees no later), the fourth to the second:
-    each alone from 40 ms, done at 80 ms (serve_batched's one queue: the first two as one batch
-    of 2, done at 51.4 ms, the others alone on the second replica, at 50 and 90 ms). Pure."""
-    from collections import deque
-
+    replica index). A replica busy from before the first arrival counts `busy_rows[k]` (its
+    batch's rows; one when not given) outstanding until it frees; no batch starts before
+    `not_before` (a request routed again after its replica went, the tick's start). A replica
+    (free at `frees`, running `speeds` times the reference) runs what is queued at it when it
+    frees, up to len(`seconds`) rows, a batch of b rows taking seconds[b - 1] x its speed;
+    requests that come at one instant are routed before any batch starts then. A batch that
+    would start at or after `until` is not run: its requests stay queued at their replica.
+    Returns per request its batch's end, rows and its share of the batch's seconds (rows 0: not
+    run), each replica's free time after, and the requests not run with the replica each waits
+    at, and the rows of each replica's last batch. Ties among equally loaded replicas go to the
+    one that frees first, where the gateway picks at random: a little kinder than live. E.g. two
+    replicas free at 0, batches (1, 40 ms) and (8, 120 ms), arrivals at 0, 0, 10 and 20 ms: the
+    first two run alone, one on each, done at 40 ms; the third goes to the first (one
+    outstanding each, it frees no later), the fourth to the second: each alone from 40 ms, done
+    at 80 ms (serve_batched's one queue: the first two as one batch of 2, done at 51.4 ms, the
+    others alone on the second replica, at 50 and 90 ms). Pure."""
     n, m, top = len(frees), len(times), len(seconds)
     free = list(frees)
-    # a replica still running a batch begun before the first arrival counts as one outstanding
-    # until it frees (its batch's rows are not known here)
-    running = [1 if m and f > times[0] else 0 for f in frees]
+    running = [(busy_rows[k] if busy_rows is not None else 1) if m and frees[k] > times[0] else 0
+               for k in range(n)]
     queues: list = [deque() for _ in range(n)]
     ends, rows, share = [math.nan] * m, [0] * m, [0.0] * m
     heap: list[tuple[float, int]] = []
@@ -1810,11 +1820,12 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
             ready = [k for k in range(n) if readies[k] <= t] or [first_ready]
             k = min(ready, key=lambda k: (len(queues[k]) + (running[k] if free[k] > t else 0), free[k], k))
         queues[k].append(i)
-        heapq.heappush(heap, (max(t, free[k], readies[k]), k))
+        heapq.heappush(heap, (max(t, free[k], readies[k], not_before), k))
         i += 1
     left = [i for k in range(n) for i in queues[k]]
     at = [k for k in range(n) for _ in queues[k]]
-    return ends, rows, share, free, left, at
+    return ends, rows, share, free, left, at, running
+
 
 def batch_size(rate: float, latency_s: Callable[[float], float], max_batch: int, fill: float = BATCH_FILL) -> int:
     """Rows per batch a dynamic batcher runs at `rate` requests per second on one replica:

@@ -608,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
                                "tick_s": tick, "overhead_ms": args.overhead_ms,
                                "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3),
                                "path_ms": args.path_ms,
-                               "path_ms_measured": None if path is None else round(path * 1000.0, 3)}
+                               "path_ms_measured": None if path is None else round(path * 1000.0, 3),
+                               "routing": args.routing}
             print(f"{policy}: live SLO {live['slo_attainment']:.4f} slice-s {live['replica_slice_seconds']:.1f}; "
                   f"sim SLO {sim['slo_attainment']:.4f} slice-s {sim['replica_slice_seconds']:.1f} "
                   f"(cold start {live['cold_start_s']:.3f} s measured; live tick at "
@@ -616,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"each batch {args.overhead_ms:g} ms over the profile"
                   f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'}; "
                   f"each request's path {args.path_ms:g} ms"
-                  f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'})", flush=True)
+                  f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'}; routing {args.routing})",
+                  flush=True)
             if args.phases:
                 sweep = results[policy]["phase_sweep"] = phase_sweep(policy, window, live["cold_start_s"],
                                                                      args.phases, **run)

@@ -27,7 +27,7 @@ def test_each_request_goes_to_the_replica_with_the_fewest_outstanding():
     80 ms. One queue runs the first two as one batch of 2 (51.4 ms) and the others alone on the
     second replica as it frees (50 and 90 ms)."""
     times = [0.0, 0.0, 0.01, 0.02]
-    ends, rows, share, free, left, at = serve_routed(times, [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], SECONDS)
+    ends, rows, share, free, left, at, _ = serve_routed(times, [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], SECONDS)
     assert ends == pytest.approx([0.04, 0.04, 0.08, 0.08]) and rows == [1, 1, 1, 1]
     assert share == pytest.approx([0.04] * 4) and free == pytest.approx([0.08, 0.08]) and left == at == []
     sizes, batch_ends, _, _ = serve_batched(times, [0.0, 0.0], [1.0, 1.0], SECONDS)
@@ -41,7 +41,7 @@ def test_with_one_replica_routing_is_one_queue(raw, free, speed):
     """A function with one replica: where a request goes is no choice, so each request ends when
     serve_batched's batch of it ends, with the same rows."""
     times = sorted(raw)
-    ends, rows, share, after, left, _ = serve_routed(times, [free], [-math.inf], [speed], SECONDS)
+    ends, rows, share, after, left, _, _ = serve_routed(times, [free], [-math.inf], [speed], SECONDS)
     sizes, batch_ends, busy, frees = serve_batched(times, [free], [speed], SECONDS)
     assert ends == pytest.approx(np.repeat(batch_ends, sizes).tolist())
     assert rows == np.repeat(sizes, sizes).tolist() and left == []
@@ -54,18 +54,29 @@ def test_a_request_not_run_by_the_tick_s_end_waits_at_its_replica():
     goes to the first (one outstanding each, it frees first) and, its batch starting after the
     tick's end (1.0 s), waits there. Next tick, pinned to it, a request at 1.01 s goes to the
     second (one outstanding against two), and each runs alone: at 1.05 s and 1.2 s."""
-    _, rows, _, free, left, at = serve_routed([0.95], [1.05, 1.2], [0.0, 0.0], [1.0, 1.0], SECONDS, until=1.0)
+    _, rows, _, free, left, at, _ = serve_routed([0.95], [1.05, 1.2], [0.0, 0.0], [1.0, 1.0], SECONDS, until=1.0)
     assert rows == [0] and left == [0] and at == [0] and free == [1.05, 1.2]
-    ends, rows, _, _, left, _ = serve_routed([0.95, 1.01], [1.05, 1.2], [0.0, 0.0], [1.0, 1.0], SECONDS,
+    ends, rows, _, _, left, _, _ = serve_routed([0.95, 1.01], [1.05, 1.2], [0.0, 0.0], [1.0, 1.0], SECONDS,
                                              until=2.0, pinned=[0, -1])
     assert ends == pytest.approx([1.09, 1.24]) and rows == [1, 1] and left == []
 
 
 def test_a_replica_not_ready_gets_nothing_while_another_is():
-    """The second replica is ready at 0.5 s: requests at 0.1 and 0.2 s both go to the first; one
-    at 0.6 s goes to the second, now ready and idle."""
-    ends, rows, *_ = serve_routed([0.1, 0.2, 0.6], [0.0, 0.5], [0.0, 0.5], [1.0, 1.0], SECONDS)
-    assert ends == pytest.approx([0.14, 0.24, 0.64]) and rows == [1, 1, 1]
+    """Both free at 0, the second ready only at 0.5 s: a request at 0.1 s goes to the first, and
+    one at 0.11 s too, though the second has none outstanding; it waits there (done at 0.18 s),
+    where the second could have run it only at 0.5 s. The second stays free at 0."""
+    ends, rows, _, free, *_ = serve_routed([0.1, 0.11], [0.0, 0.0], [0.0, 0.5], [1.0, 1.0], SECONDS)
+    assert ends == pytest.approx([0.14, 0.18]) and rows == [1, 1] and free == pytest.approx([0.18, 0.0])
+
+
+def test_a_replica_busy_from_before_counts_its_batch():
+    """The first replica runs a batch of 8 begun before (free at 0.2 s), the second one of 1
+    (free at 0.3 s): a request at 0.1 s goes to the second, which has fewer outstanding, and waits
+    for it. Counted as one each, it would go to the first, which frees first."""
+    ends, *_ = serve_routed([0.1], [0.2, 0.3], [0.0, 0.0], [1.0, 1.0], SECONDS, busy_rows=[8, 1])
+    assert ends == pytest.approx([0.34])
+    ends, *_ = serve_routed([0.1], [0.2, 0.3], [0.0, 0.0], [1.0, 1.0], SECONDS)
+    assert ends == pytest.approx([0.24])
 
 
 def test_an_unknown_routing_is_refused():
@@ -73,13 +84,13 @@ def test_an_unknown_routing_is_refused():
         SimConfig(routing="random")
 
 
-def _two_replicas(routing: str) -> list[float]:
-    """One function kept at two replicas, ready from the start, the four arrivals of the first
-    test at 0.1 s, exact batcher, no path: the latencies its requests got."""
+def _two_replicas(times: np.ndarray, routing: str, duration_s: float = 3.0) -> tuple[dict, list[float]]:
+    """One function kept at two replicas, ready from the start, on ((1, 40), (8, 120)) ms, exact
+    batcher, no path: the run's record and the latencies its requests got, sorted."""
     profile = Profile("two", ((1, 40.0), (8, 120.0)), 0.25, 0.25, cold_start_s=2.0, slo_ms=200.0,
                       memory_mib=1024)
-    times = np.array([0.1, 0.1, 0.11, 0.12])
-    trace = Trace(kind="csv", duration_s=2.0, functions=("f0",), times=times, fids=np.zeros(4, np.int32), params={})
+    trace = Trace(kind="csv", duration_s=duration_s, functions=("f0",), times=times,
+                  fids=np.zeros(len(times), np.int32), params={})
     policy = S._Reactive("two", lambda snapshot, spec, state, now: (ScaleDecision(2, "KEEP"), state), lambda: None)
     latencies: list[float] = []
 
@@ -88,12 +99,32 @@ def _two_replicas(routing: str) -> list[float]:
             latencies.extend(latency.tolist())
             return super()._account(f, latency, s, n_f)
 
-    Watch(trace, [profile], policy, SimConfig(gpus=1, batcher="exact", routing=routing), initial={0: 2}).run()
-    return sorted(latencies)
+    record = Watch(trace, [profile], policy, SimConfig(gpus=1, batcher="exact", routing=routing),
+                   initial={0: 2}).run()
+    return record, sorted(latencies)
 
 
 def test_the_simulation_routes_as_configured():
-    """The same four requests through a Simulation: routed, each in a batch of one (40, 40, 70,
-    60 ms from their arrivals); one queue, the first two as a batch of 2."""
-    assert _two_replicas("fewest") == pytest.approx(sorted([0.04, 0.04, 0.07, 0.06]))
-    assert _two_replicas("queue") == pytest.approx(sorted([0.04 + 0.08 / 7] * 2 + [0.04, 0.07]))
+    """The four requests of the first test, at 0.1 s, through a Simulation: routed, each in a
+    batch of one (40, 40, 70, 60 ms from their arrivals); one queue, the first two as a batch of
+    2."""
+    times = np.array([0.1, 0.1, 0.11, 0.12])
+    assert _two_replicas(times, "fewest")[1] == pytest.approx(sorted([0.04, 0.04, 0.07, 0.06]))
+    assert _two_replicas(times, "queue")[1] == pytest.approx(sorted([0.04 + 0.08 / 7] * 2 + [0.04, 0.07]))
+
+
+def test_a_request_left_at_a_tick_s_end_is_run_by_its_replica_in_the_next():
+    """Two replicas, each kept, requests every 10 ms from 0.9 s to 1.1 s: those of 0.97 and
+    0.99 s go to the second replica, busy until 1.0014 s, so their batch starts after the tick's
+    end (1 s) and they wait there into the next tick, pinned (_queued_at), while the next tick's
+    requests are routed against the replicas' running batches (_batch_rows). Every request is
+    answered once, and the latencies are those of serve_routed over the whole run at once: the
+    tick's cut changes nothing."""
+    times = np.round(np.arange(0.9, 1.1001, 0.01), 6)
+    record, latencies = _two_replicas(times, "fewest")
+    assert record["served"] == len(times)
+    early = times[times < 1.0].tolist()
+    *_, left, at, _ = serve_routed(early, [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], SECONDS, until=1.0)
+    assert (left, at) == ([7, 9], [1, 1])  # the cut leaves two waiting at the second replica
+    ends, *_ = serve_routed(times.tolist(), [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], SECONDS)
+    assert latencies == pytest.approx(sorted((np.array(ends) - times).tolist()))
