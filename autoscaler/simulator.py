@@ -968,8 +968,8 @@ class Simulation:
     def _serve_routed(self, fid, mine, speed, a, hop_of, sent, by_rows, until, pinned_slots) -> list:
         """_serve_batches's step for SimConfig.routing "fewest": serve_routed on the function's
         replicas `mine` (slots), requests queued at a replica from before staying at it while it
-        is there (else routed again at their arrival); those not run wait at their replica for
-        the next call (_queued, _queued_at)."""
+        is there (else routed again at their arrival, no batch starting before the tick's); those
+        not run wait at their replica for the next call (_queued, _queued_at)."""
         srv = self.servers
         index = {int(slot): k for k, slot in enumerate(mine.tolist())}
         pinned = None if pinned_slots is None else [index.get(int(x), -1) for x in pinned_slots.tolist()]
@@ -1790,6 +1790,7 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
     ends, rows, share = [math.nan] * m, [0] * m, [0.0] * m
     heap: list[tuple[float, int]] = []
     first_ready = min(range(n), key=lambda k: (readies[k], k))
+    all_ready = max(readies)  # from then on every replica is a candidate
 
     def start(k: int, t: float) -> None:
         b = min(top, len(queues[k]))
@@ -1817,7 +1818,7 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
         if pinned is not None and pinned[i] >= 0:
             k = pinned[i]
         else:
-            ready = [k for k in range(n) if readies[k] <= t] or [first_ready]
+            ready = range(n) if t >= all_ready else [k for k in range(n) if readies[k] <= t] or [first_ready]
             k = min(ready, key=lambda k: (len(queues[k]) + (running[k] if free[k] > t else 0), free[k], k))
         queues[k].append(i)
         heapq.heappush(heap, (max(t, free[k], readies[k], not_before), k))

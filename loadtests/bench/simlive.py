@@ -500,6 +500,8 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autoscaler.simulator import ROUTINGS
+
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.simlive", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {','.join(POLICIES)}")
@@ -514,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default loadtests/reports/simlive-TIME)")
     p.add_argument("--sim-only", action="store_true",
                    help="reuse the live reports already in --out (OUT/live-POLICY), run only the simulator")
-    p.add_argument("--routing", choices=("queue", "fewest"), default="fewest",
+    p.add_argument("--routing", choices=ROUTINGS, default="fewest",
                    help="how the simulator's requests reach a function's replicas (SimConfig.routing): at "
                         "arrival to the replica with the fewest outstanding, as shoal up's gateway routes "
                         "them (default), or one queue per function, served by the replica that frees first")
