@@ -126,8 +126,9 @@ class SimConfig:
     # how the exact batcher's requests reach a function's replicas: "queue", one queue per
     # function served by whichever replica frees first (serve_batched); "fewest", as shoal up's
     # gateway routes them, each at its arrival to the ready replica with the fewest outstanding,
-    # where it waits for that replica's next batch (serve_routed)
-    routing: str = "queue"
+    # where it waits for that replica's next batch (serve_routed; the default, as the exact
+    # batcher is shoal up's: docs/simlive.md, "Built: the gateway's routing in the simulator")
+    routing: str = "fewest"
 
     def __post_init__(self) -> None:
         if self.batcher not in BATCHERS:
@@ -903,13 +904,13 @@ class Simulation:
 
     def _serve_batches(self, a, f, hop_of, sent, slots, offset, stretch, until=math.inf):
         """Batching functions' requests as shoal up's batcher serves them (SimConfig.batcher
-        "exact"): serve_batched per function, on its replicas as they are (a replica still starting
-        frees at its ready time), each at its speed on its slice. Live, the gateway sends each
-        request to the replica with the fewest outstanding, where it queues; the simulator keeps one
-        queue per function, served by the replica that frees first (SimConfig.routing "queue"):
-        with one replica the same; with several in a burst, fuller batches than live (the real
-        trace's minutes 10-20 at 4x: about 0.9 points of SLO, docs/simlive.md). Routing "fewest"
-        routes as the gateway does (_serve_routed, serve_routed). A
+        "exact") on a function's replicas as they are (a replica still starting frees at its
+        ready time), each at its speed on its slice. Routing "fewest" (the default) routes as the
+        gateway does, each request at its arrival to the replica with the fewest outstanding,
+        where it queues (_serve_routed, serve_routed); "queue" keeps one queue per function,
+        served by the replica that frees first (serve_batched): with one replica the same; with
+        several in a burst, fuller batches than live (the real trace's minutes 10-20 at 4x: about
+        0.9 points of SLO, docs/simlive.md). A
         batch that would start at or after `until` (the tick's end) waits with the rest of the
         queue (_queued) for the next tick's call, as a replica that frees then runs what is queued
         by then, the next tick's requests too; e.g. one replica busy until 1.05 s, 2 requests
@@ -971,8 +972,11 @@ class Simulation:
         is there (else routed again at their arrival, no batch starting before the tick's); those
         not run wait at their replica for the next call (_queued, _queued_at)."""
         srv = self.servers
-        index = {int(slot): k for k, slot in enumerate(mine.tolist())}
-        pinned = None if pinned_slots is None else [index.get(int(x), -1) for x in pinned_slots.tolist()]
+        pinned = None
+        if pinned_slots is not None:  # a slot to its index among `mine`; -1: not one of them (or not routed)
+            index = np.full(len(srv.free) + 1, -1, np.int64)  # the last entry answers slot -1
+            index[mine] = np.arange(len(mine))
+            pinned = index[pinned_slots].tolist()
         busy = [self._batch_rows.get(int(slot), 1) for slot in mine.tolist()]
         ends, rows, share, frees, left, at, running = serve_routed(
             a.tolist(), srv.free[mine].tolist(), srv.ready_at[mine].tolist(), speed.tolist(), by_rows, until,
@@ -1788,9 +1792,21 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
                for k in range(n)]
     queues: list = [deque() for _ in range(n)]
     ends, rows, share = [math.nan] * m, [0] * m, [0.0] * m
-    heap: list[tuple[float, int]] = []
-    first_ready = min(range(n), key=lambda k: (readies[k], k))
-    all_ready = max(readies)  # from then on every replica is a candidate
+    starts: list[tuple[float, int]] = []  # (when a replica may start a batch, replica)
+    first_ready = min(range(n), key=lambda k: (readies[k], k))  # while none is ready
+    # the pick as a heap of (outstanding, free, replica, version) over the ready replicas, each
+    # replica's newest entry the one that counts; a change to its queue or its free time pushes a
+    # new one, and so do its readiness and the end of its running batch (`readying`, `done`: seen
+    # at the first arrival at or after them)
+    version = [0] * n
+    picks: list[tuple[int, float, int, int]] = []
+    done: list[tuple[float, int]] = []
+    readying = sorted((readies[k], k) for k in range(n))
+
+    def rekey(k: int, t: float) -> None:
+        version[k] += 1
+        if readies[k] <= t:
+            heapq.heappush(picks, (len(queues[k]) + (running[k] if free[k] > t else 0), free[k], k, version[k]))
 
     def start(k: int, t: float) -> None:
         b = min(top, len(queues[k]))
@@ -1799,13 +1815,34 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
             i = queues[k].popleft()
             ends[i], rows[i], share[i] = t + took, b, took / b
         free[k], running[k] = t + took, b
-        heapq.heappush(heap, (t + took, k))
+        heapq.heappush(starts, (t + took, k))
+        heapq.heappush(done, (t + took, k))
+        rekey(k, t)
+
+    for k in range(n):
+        if running[k]:
+            heapq.heappush(done, (free[k], k))
+    readying.reverse()  # popped from the end, the earliest first
 
     i = 0
+    if pinned is not None and m and not_before > times[0]:
+        # requests pinned in an earlier tick that arrive before `not_before` (no batch starts
+        # earlier) join their replicas' queues at once, in arrival order: a backlog carried across
+        # ticks costs no loop; the first arrival after them rekeys every replica (`readying`)
+        pin, lead = np.asarray(pinned), np.asarray(times) < not_before
+        lead &= pin >= 0
+        i = m if lead.all() else int(np.argmin(lead))
+        if i:
+            order = np.argsort(pin[:i], kind="stable")
+            cuts = np.cumsum(np.bincount(pin[:i], minlength=n))[:-1]
+            for k, queued in enumerate(np.split(order, cuts)):
+                if len(queued):
+                    queues[k].extend(queued.tolist())
+                    heapq.heappush(starts, (max(free[k], readies[k], not_before), k))
     while True:
         t_arr = times[i] if i < m else math.inf
-        if heap and heap[0][0] < t_arr:  # a replica frees (or may start) before the next arrival
-            t, k = heapq.heappop(heap)
+        if starts and starts[0][0] < t_arr:  # a replica frees (or may start) before the next arrival
+            t, k = heapq.heappop(starts)
             if free[k] > t or not queues[k]:
                 continue  # busy again already, or nothing waits at it
             if t >= until:
@@ -1815,13 +1852,22 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
         if i >= m:
             break
         t = t_arr
+        while readying and readying[-1][0] <= t:  # a replica became ready
+            rekey(readying.pop()[1], t)
+        while done and done[0][0] <= t:  # a batch ended: its rows no longer count
+            end, k = heapq.heappop(done)
+            if free[k] == end:
+                rekey(k, t)
         if pinned is not None and pinned[i] >= 0:
             k = pinned[i]
         else:
-            ready = range(n) if t >= all_ready else [k for k in range(n) if readies[k] <= t] or [first_ready]
-            k = min(ready, key=lambda k: (len(queues[k]) + (running[k] if free[k] > t else 0), free[k], k))
+            while picks and picks[0][3] != version[picks[0][2]]:
+                heapq.heappop(picks)
+            k = picks[0][2] if picks else first_ready
         queues[k].append(i)
-        heapq.heappush(heap, (max(t, free[k], readies[k], not_before), k))
+        rekey(k, t)
+        if len(queues[k]) == 1:  # else its next start is in `starts` already
+            heapq.heappush(starts, (max(t, free[k], readies[k], not_before), k))
         i += 1
     left = [i for k in range(n) for i in queues[k]]
     at = [k for k in range(n) for _ in queues[k]]
@@ -2041,5 +2087,6 @@ def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
         "trace": trace.summary(),
         "cluster": {"gpus": config.gpus, "gpu_memory_mib": config.gpu_memory_mib, "tick_s": config.tick_s,
                     "timeout_s": config.timeout_s, "warmup_s": config.warmup_s, "start": start, "profiles": mix,
+                    "batcher": config.batcher, "routing": config.routing if config.batcher == "exact" else None,
                     "note": "simulated GPUs and simulated latency profiles: no figure here is a GPU measurement"},
     }

@@ -34,7 +34,7 @@ TRACE_OPTIONS = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from autoscaler.simulator import BATCHERS, POLICIES, STARTS
+    from autoscaler.simulator import BATCHERS, POLICIES, ROUTINGS, STARTS
     from autoscaler.traces import TRACE_KINDS
 
     p = argparse.ArgumentParser(prog="shoal simulate", description=__doc__.split("\n\n")[0],
@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batcher", choices=BATCHERS, default="rule",
                    help="how batching replicas form batches: rule (the occupancy rule, an idealized batcher; "
                         "the default) or exact (shoal up's batcher, no queue delay)")
+    p.add_argument("--routing", choices=ROUTINGS, default="fewest",
+                   help="how the exact batcher's requests reach a function's replicas: fewest (as shoal up's "
+                        "gateway, each to the ready replica with the fewest outstanding; the default) or queue "
+                        "(one queue per function)")
     p.add_argument("--json", type=Path, help="write the comparison here")
     p.add_argument("--profile", type=Path,
                    help="a `kind: profile` YAML (e.g. functions/examples/emulated_code.yaml) every function "
@@ -77,7 +81,7 @@ def main(argv: list[str]) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     try:
         config = SimConfig(gpus=args.gpus, gpu_memory_mib=int(args.gpu_memory_gib * 1024), tick_s=args.tick_s,
-                           warmup_s=args.warmup_s, batcher=args.batcher)
+                           warmup_s=args.warmup_s, batcher=args.batcher, routing=args.routing)
         trace = make_trace(args.trace, functions=args.functions, seconds=args.seconds, seed=args.seed, **options)
         profiles = None if args.profile is None else [profile_from(args)] * len(trace.functions)
         result = simulate(trace, policies, config, seed=args.seed, profiles=profiles, start=args.start)

@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.simulator import (
-    BATCHERS, Profile, Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start,
+    BATCHERS, ROUTINGS, Profile, Simulation, ShoalPolicy, SimConfig, assign_profiles, simulate, warm_start,
 )
 from autoscaler.traces import make_trace
 from deploy.cli.simulate import SPAWN_S, load_profile, render
@@ -185,13 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-scale", action="store_true", help="the traces only: no scale run, no placement")
     parser.add_argument("--batcher", choices=BATCHERS, default="rule",
                         help="how batching replicas form batches (SimConfig.batcher; default rule)")
+    parser.add_argument("--routing", choices=ROUTINGS, default="fewest",
+                        help="with --batcher exact, how requests reach a function's replicas (SimConfig.routing; "
+                             "default fewest, as shoal up's gateway; queue: one queue per function)")
     args = parser.parse_args(argv)
     if args.json is None:
         args.json = Path("loadtests/bench/results") / ("policy.json" if args.batcher == "rule" else "policy-exact.json")
     # the traces' batcher; the scale run and the placement bench run the default ("rule")
     out: dict = {"traces": {}, "simulated": True, "batcher": args.batcher}
+    if args.batcher == "exact":  # the rule's batcher has no replica queues to route to
+        out["routing"] = args.routing
     for name, trace, profiles, config in traces(args.quick, args.seed, args.traces):
-        config = replace(config, batcher=args.batcher)
+        config = replace(config, batcher=args.batcher, routing=args.routing)
         result = simulate(trace, POLICIES, config, seed=args.seed, profiles=profiles)
         if name == "many-small":  # what time-sharing adds: the same policy without it
             off = simulate(trace, ["shoal"], replace(config, time_share_busy=0.0), seed=args.seed, profiles=profiles)

@@ -79,6 +79,35 @@ def test_a_replica_busy_from_before_counts_its_batch():
     assert ends == pytest.approx([0.24])
 
 
+def test_a_replica_counts_once_ready_and_a_batch_once_it_ends():
+    """The first replica ready from the start, the second from 0.05 s. At 0, 10, 20 and 30 ms
+    every request goes to the first (none other ready): one alone, done at 40 ms, then the three
+    as one batch, 40 + 2 x 80 / 7 ms, done at 102.9 ms. At 60 ms the second is ready with none
+    outstanding against three: it runs that request alone (to 100 ms), and the one at 70 ms waits
+    for it there (one outstanding against three; done at 140 ms). At 110 ms the first's batch has
+    ended, so it has none outstanding against the second's one: the request runs there, done
+    at 150 ms. Were the ended batch still counted, it would wait at the second."""
+    times = [0.0, 0.01, 0.02, 0.03, 0.06, 0.07, 0.11]
+    ends, rows, _, free, left, _, running = serve_routed(times, [0.0, 0.0], [0.0, 0.05], [1.0, 1.0], SECONDS)
+    three = 0.04 + 0.04 + 2 * 0.08 / 7
+    assert ends == pytest.approx([0.04, three, three, three, 0.10, 0.14, 0.15])
+    assert rows == [1, 3, 3, 3, 1, 1, 1] and left == [] and free == pytest.approx([0.15, 0.14])
+    assert running == [1, 1]
+
+
+def test_requests_pinned_before_the_tick_wait_at_their_replicas_in_order():
+    """Requests at 0.1, 0.2 and 0.3 s routed in an earlier tick, to the second replica, the first
+    and the second, and no batch before 0.5 s: at 0.5 s the second runs its two as one batch
+    (40 + 80 / 7 ms, done at 551.4 ms) and the first its one (done at 540 ms). A request at
+    0.52 s, not routed yet, finds one outstanding at the first and two at the second: it waits
+    at the first and runs alone from 540 ms."""
+    two = 0.5 + 0.04 + 0.08 / 7
+    ends, rows, _, free, left, _, running = serve_routed(
+        [0.1, 0.2, 0.3, 0.52], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], SECONDS, pinned=[1, 0, 1, -1], not_before=0.5)
+    assert ends == pytest.approx([two, 0.54, two, 0.58]) and rows == [2, 1, 2, 1]
+    assert free == pytest.approx([0.58, two]) and left == [] and running == [1, 2]
+
+
 def test_an_unknown_routing_is_refused():
     with pytest.raises(ValueError, match="routing"):
         SimConfig(routing="random")

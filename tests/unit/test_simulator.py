@@ -856,6 +856,22 @@ def test_cli_writes_both_policies(tmp_path, capsys):
     assert "shoal" in printed and "kpa" in printed and f"wrote {out}" in printed
 
 
+@pytest.mark.parametrize("extra, batcher, routing", [
+    ([], "rule", None),
+    (["--batcher", "exact"], "exact", "fewest"),
+    (["--batcher", "exact", "--routing", "queue"], "exact", "queue"),
+])
+def test_cli_records_how_requests_were_served(tmp_path, capsys, extra, batcher, routing):
+    """The exact batcher routes as shoal up's gateway unless told to keep one queue; the rule's
+    batcher has no replica queues to route to."""
+    out = tmp_path / "o.json"
+    rc = cli.main(["--trace", "poisson", "--rate", "5", "--functions", "1", "--seconds", "5", "--policy", "shoal",
+                   "--warmup-s", "0", "--json", str(out), *extra])
+    assert rc == 0
+    cluster = json.loads(out.read_text())["cluster"]
+    assert (cluster["batcher"], cluster["routing"]) == (batcher, routing)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--policy", "shoal,fifo"], "unknown policy 'fifo'"),
     (["--warmup-s", "0.5"], "whole number of ticks"),
