@@ -1769,23 +1769,22 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
     """shoal up's batcher behind shoal up's gateway (serving/gateway.py _pick): each request at
     `times` (ascending) goes at its arrival to the replica with the fewest outstanding (queued
     there, or in its running batch) among those ready (`readies`; none ready: the first to be),
-    ties to the one that frees first, then the first; or to `pinned[i]` (>= 0: routed before, a
-    replica index). A replica busy from before the first arrival counts `busy_rows[k]` (its
-    batch's rows; one when not given) outstanding until it frees; no batch starts before
-    `not_before` (a request routed again after its replica went, the tick's start). A replica
-    (free at `frees`, running `speeds` times the reference) runs what is queued at it when it
-    frees, up to len(`seconds`) rows, a batch of b rows taking seconds[b - 1] x its speed;
-    requests that come at one instant are routed before any batch starts then. A batch that
-    would start at or after `until` is not run: its requests stay queued at their replica.
-    Returns per request its batch's end, rows and its share of the batch's seconds (rows 0: not
-    run), each replica's free time after, and the requests not run with the replica each waits
-    at, and the rows of each replica's last batch. Ties among equally loaded replicas go to the
-    one that frees first, where the gateway picks at random: a little kinder than live. E.g. two
-    replicas free at 0, batches (1, 40 ms) and (8, 120 ms), arrivals at 0, 0, 10 and 20 ms: the
-    first two run alone, one on each, done at 40 ms; the third goes to the first (one
-    outstanding each, it frees no later), the fourth to the second: each alone from 40 ms, done
-    at 80 ms (serve_batched's one queue: the first two as one batch of 2, done at 51.4 ms, the
-    others alone on the second replica, at 50 and 90 ms). Pure."""
+    ties to the one that frees first, then the first (the gateway picks at random: a little
+    kinder than live); or to `pinned[i]` (>= 0: routed before, a replica index). A replica busy
+    from before the first arrival counts `busy_rows[k]` (its batch's rows; one when not given)
+    outstanding until it frees; no batch starts before `not_before` (a request routed again
+    after its replica went, the tick's start). A replica (free at `frees`, running `speeds`
+    times the reference) runs what is queued at it when it frees, up to len(`seconds`) rows, a
+    batch of b rows taking seconds[b - 1] x its speed; requests that come at one instant are
+    routed before any batch starts then. A batch that would start at or after `until` is not
+    run: its requests stay queued at their replica. Returns per request its batch's end, rows
+    and its share of the batch's seconds (rows 0: not run), each replica's free time after, and
+    the requests not run with the replica each waits at, and the rows of each replica's last
+    batch. E.g. two replicas free at 0, batches (1, 40 ms) and (8, 120 ms), arrivals at 0, 0, 10
+    and 20 ms: the first two run alone, one on each, done at 40 ms; the third goes to the first
+    (one outstanding each, it frees no later), the fourth to the second: each alone from 40 ms,
+    done at 80 ms (serve_batched's one queue: the first two as one batch of 2, done at 51.4 ms,
+    the others alone on the second replica, at 50 and 90 ms). Pure."""
     n, m, top = len(frees), len(times), len(seconds)
     free = list(frees)
     running = [(busy_rows[k] if busy_rows is not None else 1) if m and frees[k] > times[0] else 0
@@ -1829,9 +1828,9 @@ def serve_routed(times: list[float], frees: list[float], readies: list[float], s
         # requests pinned in an earlier tick that arrive before `not_before` (no batch starts
         # earlier) join their replicas' queues at once, in arrival order: a backlog carried across
         # ticks costs no loop; the first arrival after them rekeys every replica (`readying`)
-        pin, lead = np.asarray(pinned), np.asarray(times) < not_before
-        lead &= pin >= 0
-        i = m if lead.all() else int(np.argmin(lead))
+        pin = np.asarray(pinned[:bisect.bisect_left(times, not_before)])
+        lead = pin >= 0
+        i = len(pin) if lead.all() else int(np.argmin(lead))
         if i:
             order = np.argsort(pin[:i], kind="stable")
             cuts = np.cumsum(np.bincount(pin[:i], minlength=n))[:-1]

@@ -192,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is None:
         args.json = Path("loadtests/bench/results") / ("policy.json" if args.batcher == "rule" else "policy-exact.json")
     # the traces' batcher; the scale run and the placement bench run the default ("rule")
-    out: dict = {"traces": {}, "simulated": True, "batcher": args.batcher}
-    if args.batcher == "exact":  # the rule's batcher has no replica queues to route to
-        out["routing"] = args.routing
+    out: dict = {"traces": {}, "simulated": True, "batcher": args.batcher}  # each trace's routing: its "cluster"
     for name, trace, profiles, config in traces(args.quick, args.seed, args.traces):
         config = replace(config, batcher=args.batcher, routing=args.routing)
         result = simulate(trace, POLICIES, config, seed=args.seed, profiles=profiles)

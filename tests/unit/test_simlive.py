@@ -302,8 +302,8 @@ def test_request_path_refuses_unpaired_lists():
 def test_the_path_measured_from_a_simulated_run_is_the_one_it_ran_with(tmp_path, monkeypatch):
     """A request at 0 s, held through a 2 s cold start, then one every half second from 5 s,
     each alone: their latencies less the batch of one (40.7 ms, at the 0.7 ms overhead given)
-    give the path the simulator ran with back (1.8 ms), and without a path 0. The replica's time is not the path's: ray's one
-    replica stays busy 40.7 ms a request either way."""
+    give the path the simulator ran with back (1.8 ms), and without a path 0. The replica's
+    time is not the path's: ray's one replica stays busy 40.7 ms a request either way."""
     from loadtests.bench import simlive
 
     times = [0.0] + [5.0 + 0.5 * k for k in range(20)]
