@@ -34,7 +34,7 @@ TRACE_OPTIONS = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from autoscaler.simulator import BATCHERS, POLICIES, ROUTINGS, STARTS
+    from autoscaler.simulator import BATCHERS, POLICIES, ROUTINGS, STARTS, SimConfig
     from autoscaler.traces import TRACE_KINDS
 
     p = argparse.ArgumentParser(prog="shoal simulate", description=__doc__.split("\n\n")[0],
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batcher", choices=BATCHERS, default="rule",
                    help="how batching replicas form batches: rule (the occupancy rule, an idealized batcher; "
                         "the default) or exact (shoal up's batcher, no queue delay)")
-    p.add_argument("--routing", choices=ROUTINGS, default="fewest",
+    p.add_argument("--routing", choices=ROUTINGS, default=SimConfig().routing,
                    help="how the exact batcher's requests reach a function's replicas: fewest (as shoal up's "
                         "gateway, each to the ready replica with the fewest outstanding; the default) or queue "
                         "(one queue per function)")

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-scale", action="store_true", help="the traces only: no scale run, no placement")
     parser.add_argument("--batcher", choices=BATCHERS, default="rule",
                         help="how batching replicas form batches (SimConfig.batcher; default rule)")
-    parser.add_argument("--routing", choices=ROUTINGS, default="fewest",
+    parser.add_argument("--routing", choices=ROUTINGS, default=SimConfig().routing,
                         help="with --batcher exact, how requests reach a function's replicas (SimConfig.routing; "
                              "default fewest, as shoal up's gateway; queue: one queue per function)")
     args = parser.parse_args(argv)

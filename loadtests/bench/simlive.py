@@ -500,7 +500,7 @@ def commands(args: argparse.Namespace, window: Window, out: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.simulator import ROUTINGS
+    from autoscaler.simulator import ROUTINGS, SimConfig
 
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.simlive", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -516,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default loadtests/reports/simlive-TIME)")
     p.add_argument("--sim-only", action="store_true",
                    help="reuse the live reports already in --out (OUT/live-POLICY), run only the simulator")
-    p.add_argument("--routing", choices=ROUTINGS, default="fewest",
+    p.add_argument("--routing", choices=ROUTINGS, default=SimConfig().routing,
                    help="how the simulator's requests reach a function's replicas (SimConfig.routing): at "
                         "arrival to the replica with the fewest outstanding, as shoal up's gateway routes "
                         "them (default), or one queue per function, served by the replica that frees first")
