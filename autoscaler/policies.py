@@ -113,9 +113,15 @@ class RayServe:
 POLICIES = {"shoal": Shoal, "kpa": Kpa, "ray": RayServe}
 
 
-def policy_named(name: str) -> Shoal | Kpa | RayServe:
-    """The policy `shoal up --policy NAME` runs; ValueError naming the choices for any other."""
-    try:
+def policy_named(name: str, slice_window_s: float | None = None) -> Shoal | Kpa | RayServe:
+    """The policy `shoal up --policy NAME` runs; ValueError naming the choices for any other.
+    `slice_window_s` (`--slice-window-s`): how long Shoal's policy averages a replica's duty
+    before it asks another slice, and spaces its slice changes by (PolicyConfig, default 300 s);
+    a baseline asks no slice, so it is refused there, as is a window of 0 or less."""
+    if name not in POLICIES:
+        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
+    if slice_window_s is None:
         return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}") from None
+    if name != "shoal":
+        raise ValueError(f"--slice-window-s applies to the shoal policy, not {name!r}: a baseline asks no slice")
+    return Shoal(replace(DEFAULT_CONFIG, slice_window_s=slice_window_s))

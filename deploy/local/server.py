@@ -2,7 +2,7 @@
 
     shoal up [--host 127.0.0.1] [--port 8080] [--state-dir .shoal] [--devices auto|cpu|emulated:4x80GiB]
              [--auth-inference] [--no-take-back] [--time-share-busy 0.5] [--metrics-source direct|prometheus --prometheus-url URL]
-             [--policy shoal|kpa|ray] [--mps auto|on|off] [--no-move-to-slice]
+             [--policy shoal|kpa|ray] [--mps auto|on|off] [--no-move-to-slice] [--slice-window-s 300]
 
 One uvicorn server on one port carries the gateway (`/v2/...`, `/v1/...`), the
 control API (`/api/v1/...`, bearer token) and `/metrics`; beside it run the
@@ -342,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-move-to-slice", action="store_true",
                    help="keep a running replica on its slice when the policy asks a smaller one for its function "
                         "(default: a replica on the asked slice starts and takes over)")
+    p.add_argument("--slice-window-s", type=float, default=None,
+                   help="how long the shoal policy averages a replica's duty before it asks a larger or smaller "
+                        "slice, and spaces its slice changes by (default 300 s)")
     p.add_argument("--time-share-busy", type=float, default=ControllerConfig().time_share_busy,
                    help="a function's first replica that no free or lent slice can take time-shares a device "
                         "whose replicas are busy at most this share of its compute (default 0.5; 0: never, "
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             GatewayConfig(hold_timeout_s=args.hold_timeout_s),
             ControllerConfig(tick_s=args.tick_s, take_back=not args.no_take_back,
                              time_share_busy=args.time_share_busy, move_to_slice=not args.no_move_to_slice),
-            int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy), args.mps,
+            int(args.max_artifact_mib * 2**20), prometheus_url, policy_named(args.policy, args.slice_window_s), args.mps,
         )
     except ValueError as exc:
         print(f"shoal up: {exc}", file=sys.stderr)

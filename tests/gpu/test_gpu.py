@@ -6,13 +6,15 @@ limits that a slice's environment sets when an MPS daemon runs (read in a probe 
 it from zero, its replicas as MPS clients where a daemon runs, the duty cycle the autoscaler
 scales on against NVML's utilization, the policy scaling a GPU function out and back to zero
 (time-sliced), and the MPS daemon shoal up starts of its own making each slice its share of the
-GPU's throughput.
+GPU's throughput, and a replica moved to the smaller slice its policy asks for getting that slice's
+share under MPS.
 `make test-gpu`; the runs are recorded in docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import os
@@ -636,6 +638,89 @@ def test_under_mps_a_busy_neighbour_leaves_a_functions_latency_alone(tmp_path, m
         finally:
             assert plane.stop() == 0
     assert seen["mps"]["beside"] <= 1.3 * seen["mps"]["alone"], seen
+
+
+_SLICE_SEEN = '''"""Its pid, and what its process sees of its GPU slice: the SMs and the MPS environment. CUDA
+starts at load, as a model's weights go to the GPU then: a first request that took a second to
+start it would read as a rise of need, which the policy remembers (reserve_memory_s) and will
+not halve the slice under for minutes."""
+import os
+
+import torch
+
+SEEN = {"pid": os.getpid(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", ""),
+        "pinned": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")}
+torch.zeros(1, device="cuda")
+
+
+def handler(context, event):
+    return SEEN
+'''
+
+
+def test_under_mps_a_replica_moved_to_a_smaller_slice_gets_that_slices_share(tmp_path, monkeypatch):
+    """A lone replica at 1/2 that answers a request every 0.5 s is idle enough that Shoal's policy
+    asks half its slice (`--slice-window-s 15`: after 15 s of duty, not 300), and shoal up moves
+    it (lending.to_move): a replica on 1/4 starts as a client of shoal up's MPS daemon, takes the
+    traffic once ready, and the old one drains and exits. The new process sees the 1/4 slice's
+    thread share (25 %) and about half the SMs the old one saw; every request is answered 200
+    through the move."""
+    torch = pytest.importorskip("torch")
+    if not shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("no nvidia-cuda-mps-control on PATH")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.delenv(key, raising=False)
+    all_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    handler = tmp_path / "slice_seen.py"
+    handler.write_text(_SLICE_SEEN)
+    plane = start_plane(tmp_path / "state", "--devices", "auto", "--slice-window-s", "15")
+    answers: list[tuple[int, dict | str]] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with httpx.Client(base_url=plane.url, timeout=60) as http:
+            while not stop.is_set():
+                r = http.post("/v1/models/mover:predict", json={})
+                answers.append((r.status_code, r.json() if r.status_code == 200 else r.text))
+                time.sleep(0.5)
+
+    sender = threading.Thread(target=trickle)
+    try:
+        with plane.client() as client:
+            assert client.status()["gpu_sharing"]["mode"] == "mps"
+            client.deploy(handler, "mover", slice="1/2", min_replicas=1, idle_to_zero_s=600, slo_ms=2000)
+            wait_for(lambda: [r["state"] for r in client.status()["functions"]["mover"]["replicas"]] == ["ready"],
+                     120, "mover ready")
+            started = time.monotonic()
+            sender.start()
+            moves = wait_for(lambda: [e for e in client.events("mover") if e["kind"] == "slice" and "from" in e["data"]],
+                             90, "a move to a smaller slice", detail=lambda: [e["message"] for e in client.events("mover")])
+            new = moves[0]["data"]["replica"]
+            wait_for(lambda: [r["id"] for r in client.status()["functions"]["mover"]["replicas"]] == [new], 90,
+                     "the new replica alone", detail=lambda: client.status()["functions"]["mover"]["replicas"])
+            moved_s = time.monotonic() - started
+            replica = client.status()["functions"]["mover"]["replicas"][0]
+            wait_for(lambda: any(code == 200 and a["percentage"] == "25" for code, a in answers[-2:]), 30,
+                     "answers from the new replica")
+            stop.set()
+            sender.join(60)
+            print(f"{moves[0]['message']}; the new replica alone {moved_s:.1f} s after the trickle began; "
+                  f"{[e['message'] for e in client.events('mover')]}")
+            assert replica["slice"] == "1/4" and replica["device"] == "gpu:0", replica
+    finally:
+        stop.set()
+        if sender.is_alive():
+            sender.join(60)
+        assert plane.stop() == 0
+    codes = collections.Counter(code for code, _ in answers)
+    seen = {a["pid"]: (a["percentage"], a["pinned"], a["sms"]) for code, a in answers if code == 200}
+    print(f"{dict(codes)} answers; by process (thread share, pinned memory, SMs): {seen}")
+    assert set(codes) == {200}, answers
+    old, moved = answers[0][1], answers[-1][1]
+    assert old["percentage"] == "50" and moved["percentage"] == "25" and old["pid"] != moved["pid"], seen
+    assert moved["sms"] <= all_sms // 4 + 2 and abs(2 * moved["sms"] - old["sms"]) <= 4, seen
+    assert not Path(f"/proc/{old['pid']}").exists(), f"the old replica's process {old['pid']} still runs"
 
 
 _FAULTING = '''"""Answers with its pid after a kernel on its GPU; on {"crash": true}, indexes past a tensor's end

@@ -411,3 +411,25 @@ def test_the_controllers_in_flight_is_the_gateways_average_since_its_last_readin
     assert inflight(0.9, 12.0) == 3.0  # no time between: the count
     router.count = 1
     assert inflight(0.1, 13.0) == 1.0  # forgotten and begun again: smaller
+
+
+def test_slice_window_option_sets_the_shoal_policys_window():
+    """`shoal up --slice-window-s 20`: the shoal policy averages duty over 20 s before it asks
+    another slice; by default it keeps PolicyConfig's 300 s."""
+    from autoscaler.policies import policy_named
+
+    assert policy_named("shoal", build_parser().parse_args([]).slice_window_s).config.slice_window_s == 300.0
+    args = build_parser().parse_args(["--slice-window-s", "20"])
+    assert policy_named(args.policy, args.slice_window_s).config.slice_window_s == 20.0
+
+
+@pytest.mark.parametrize("policy, window, message", [
+    pytest.param("kpa", 20.0, "applies to the shoal policy, not 'kpa'", id="a baseline"),
+    pytest.param("shoal", 0.0, r"slice_window_s \(0.0\) must be > 0", id="zero"),
+    pytest.param("knative", None, "policy 'knative' is not one of shoal, kpa, ray", id="unknown policy"),
+])
+def test_slice_window_option_refused(policy, window, message):
+    from autoscaler.policies import policy_named
+
+    with pytest.raises(ValueError, match=message):
+        policy_named(policy, window)
