@@ -63,8 +63,20 @@ class DataPlane:
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self) -> None:
+        """Load the model, warm it up (Model.warm_up: its first request runs at speed), and
+        serve. A warm-up that meets a lost device fails the load (the replica exits); any other
+        error of it is logged and the replica serves."""
         start = self._clock()
         await self.executor.run_untimed(self.model.load)
+        loaded = self._clock()
+        try:
+            done = await self.executor.run_untimed(self.model.warm_up)
+        except Exception as exc:
+            if (why := device_lost(exc)) is not None:
+                raise RuntimeError(f"the device was lost warming the model up: {why}") from None
+            done = f"not warmed up: it raised {type(exc).__name__}: {str(exc).strip()[:300]}"
+        log.info("model %s loaded in %.3f s, %s in %.3f s", self.model.name, loaded - start, done,
+                 self._clock() - loaded)
         self._loop.set_spec(effective_batching(self._batching, self.model))
         self.metrics.model_load.set(self._clock() - start)
         self._loop.start()

@@ -22,6 +22,7 @@ from serving.protocol.types import TensorSpec
 
 class TorchScriptModel(Model):
     platform = "pytorch_libtorch"
+    warmup_runs = 2  # the profiling executor records shapes at the first call and optimizes at the second
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         super().__init__(name, path, options)
@@ -63,6 +64,18 @@ class TorchScriptModel(Model):
                 )
             return torch.device("cuda", index)
         return torch.device("cpu")
+
+    def warm_up(self) -> str:
+        """On a GPU, first the device itself, which needs no declared shape: its context and
+        cuBLAS's handle, through a small matrix product; then the model on zeros where its
+        tensors are declared (Model.warm_up)."""
+        done = ""
+        if self.device.type == "cuda":
+            torch = self._torch
+            x = torch.ones((8, 8), device=self.device)
+            (x @ x).sum().item()
+            done = f"{self.device} started (a matrix product); "
+        return done + super().warm_up()
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch

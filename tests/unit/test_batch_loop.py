@@ -116,8 +116,8 @@ def test_one_bad_request_does_not_fail_its_batch_mates():
     assert isinstance(results[1], InvalidInput)
     assert results[0].outputs[0].data.tolist() == [[2.0, 2.0]]
     assert results[2].outputs[0].data.tolist() == [[6.0, 6.0]]
-    # one batch of 3 failed, then each request ran alone
-    assert model.calls == [3, 1, 1, 1]
+    # the warm-up's one row at load; one batch of 3 failed, then each request ran alone
+    assert model.calls == [1, 3, 1, 1, 1]
 
 
 def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
@@ -126,4 +126,68 @@ def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
     assert [r.outputs[0].data.tolist() for r in results] == [[[2.0, 2.0]], [[4.0, 4.0]]]
     # the batch's scalar 'total' (1+1+2+2 = 6) could not be cut per request; alone each is right
     assert [float(r.outputs[1].data) for r in results] == [2.0, 4.0]
-    assert model.calls == [2, 1, 1]
+    assert model.calls == [1, 2, 1, 1]  # the warm-up's one row first
+
+
+class WarmUpModel(EchoModel):
+    """EchoModel that records what each call got, and fails as told."""
+
+    def __init__(self, fail: Exception | None = None, emulated: bool = False, declared: bool = True):
+        super().__init__()
+        self.seen: list[np.ndarray] = []
+        self.fail = fail
+        self.emulated = emulated
+        if not declared:
+            self.inputs, self.strict_shapes = (TensorSpec("x", "FP32", (-1,)),), False
+
+    def predict(self, inputs):
+        self.seen.append(inputs["x"].copy())
+        if self.fail is not None and len(self.seen) == 1:
+            raise self.fail
+        return super().predict(inputs)
+
+
+def test_a_model_runs_one_row_of_zeros_before_it_serves():
+    """Model.warm_up at load: one row of zeros of the declared shape (-1, 2), on the slice's thread,
+    before the replica is ready; its time is no serving (the busy seconds stay 0); then requests."""
+    model = WarmUpModel()
+    dp = _dataplane(model)
+
+    async def scenario():
+        await dp.load()
+        ready, busy = dp.ready, dp.executor.busy_seconds()
+        result = await dp.infer("echo", None, _request(2.0))
+        await dp.stop()
+        return ready, busy, result
+
+    ready, busy, result = asyncio.run(scenario())
+    assert ready and busy == 0.0
+    assert model.seen[0].shape == (1, 2) and model.seen[0].dtype == np.float32 and not model.seen[0].any()
+    assert result.outputs[0].data.tolist() == [[4.0, 4.0]] and model.calls == [1, 1]
+
+
+@pytest.mark.parametrize("model, calls", [
+    pytest.param(WarmUpModel(emulated=True), [], id="emulated: its time is slept"),
+    pytest.param(WarmUpModel(declared=False), [], id="shapes not declared"),
+    pytest.param(WarmUpModel(fail=InvalidInput("zeros are no image")), [1], id="refuses zeros: still serves"),
+])
+def test_a_model_not_warmed_up_still_serves(model, calls):
+    dp = _dataplane(model)
+
+    async def scenario():
+        await dp.load()
+        result = await dp.infer("echo", None, _request(1.0))
+        await dp.stop()
+        return result
+
+    assert asyncio.run(scenario()).outputs[0].data.tolist() == [[2.0, 2.0]]
+    assert [len(x) for x in model.seen] == calls + [1]
+
+
+def test_a_warm_up_that_loses_the_device_fails_the_load():
+    """A sticky CUDA error in the warm-up (executor.device_lost) fails the load: the replica exits
+    at load, rather than answer 500 to everything."""
+    dp = _dataplane(WarmUpModel(fail=RuntimeError("CUDA error: an illegal memory access was encountered")))
+    with pytest.raises(RuntimeError, match="the device was lost warming the model up: CUDA error: an illegal"):
+        asyncio.run(dp.load())
+    assert not dp.ready
