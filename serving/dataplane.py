@@ -64,19 +64,28 @@ class DataPlane:
 
     async def load(self) -> None:
         """Load the model, warm it up (Model.warm_up: its first request runs at speed), and
-        serve. A warm-up that meets a lost device fails the load (the replica exits); any other
-        error of it is logged and the replica serves."""
+        serve; the model-load gauge and a cold start's `load` phase count both. A warm-up that
+        loses the device is told as a call's would be (on_lost: the replica exits with status 4,
+        to be replaced) and the replica never serves; one that runs past the request timeout
+        fails the load; any other error of it is logged (a warning) and the replica serves."""
         start = self._clock()
         await self.executor.run_untimed(self.model.load)
         loaded = self._clock()
         try:
-            done = await self.executor.run_untimed(self.model.warm_up)
+            done = await asyncio.wait_for(self.executor.run_untimed(self.model.warm_up), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the model's warm-up ran past the request timeout ({self.request_timeout_s:g} s)") from None
         except Exception as exc:
             if (why := device_lost(exc)) is not None:
-                raise RuntimeError(f"the device was lost warming the model up: {why}") from None
-            done = f"not warmed up: it raised {type(exc).__name__}: {str(exc).strip()[:300]}"
-        log.info("model %s loaded in %.3f s, %s in %.3f s", self.model.name, loaded - start, done,
-                 self._clock() - loaded)
+                self.lost = why
+                if self.on_lost is not None:
+                    self.on_lost(why)
+                return
+            log.warning("model %s loaded, not warmed up: it raised %s: %s", self.model.name, type(exc).__name__,
+                        str(exc).strip()[:300])
+        else:
+            took = "" if done.startswith("not warmed up") else f" in {self._clock() - loaded:.3f} s"
+            log.info("model %s loaded in %.3f s, %s%s", self.model.name, loaded - start, done, took)
         self._loop.set_spec(effective_batching(self._batching, self.model))
         self.metrics.model_load.set(self._clock() - start)
         self._loop.start()

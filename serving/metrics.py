@@ -77,7 +77,7 @@ class ReplicaMetrics:
         r.register(_Collector("shoal_replica_busy_seconds", "Seconds the slice's executor spent running the model; "
                               "rate = duty cycle", function, lambda: self._busy_source()))
         self.model_load = Gauge(
-            "shoal_replica_model_load_seconds", "Seconds the model took to load", ["function"], registry=r,
+            "shoal_replica_model_load_seconds", "Seconds the model took to load and warm up", ["function"], registry=r,
         ).labels(function)
         self.ready = Gauge(
             "shoal_replica_ready", "1 when the model is loaded and serving", ["function"], registry=r,

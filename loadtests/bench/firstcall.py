@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 _SIDECAR = "inputs:\n  - {name: X, datatype: FP32, shape: [-1, 64]}\noutputs:\n  - {name: OUTPUT__0, datatype: FP32, shape: [-1, %d]}\n"
 
 
-def build(folder: Path, device: str) -> dict[str, Path]:
-    """The models this bench loads, written under `folder` (the matrix products on a GPU only:
-    on a CPU each call takes seconds)."""
-    from functions.examples.digits import build_digits_onnx
-
-    models = {"digits.onnx": build_digits_onnx(folder / "digits.onnx")}
-    try:
-        import torch
-    except ImportError:
-        print("firstcall: no torch here: the TorchScript models are skipped")
-        return models
+def scorer_module(torch):
+    """A TorchScript module with a named input, X: 64 pixels -> 10 probabilities (seed 0). The GPU
+    tests (tests/gpu) serve it too."""
 
     class Scorer(torch.nn.Module):
         def __init__(self):
@@ -48,6 +40,15 @@ def build(folder: Path, device: str) -> dict[str, Path]:
 
         def forward(self, X):
             return torch.softmax(self.linear(X), dim=1)
+
+    torch.manual_seed(0)
+    return torch.jit.script(Scorer().eval())
+
+
+def matmuls_module(torch):
+    """A TorchScript module that spends milliseconds of a GPU's kernels a call: 16 products of
+    2,048 x 2,048 float32 matrices (17 GFLOP each), its answer a function of X (seed 0). The GPU
+    tests serve it too."""
 
     class Matmuls(torch.nn.Module):
         def __init__(self):
@@ -61,12 +62,27 @@ def build(folder: Path, device: str) -> dict[str, Path]:
             return X * h.mean()
 
     torch.manual_seed(0)
-    chosen = [("scorer.pt", Scorer(), 10, False), ("scorer-declared.pt", Scorer(), 10, True)]
+    return torch.jit.script(Matmuls().eval())
+
+
+def build(folder: Path, device: str) -> dict[str, Path]:
+    """The models this bench loads, written under `folder` (the matrix products on a GPU only:
+    on a CPU each call takes seconds)."""
+    from functions.examples.digits import build_digits_onnx
+
+    models = {"digits.onnx": build_digits_onnx(folder / "digits.onnx")}
+    try:
+        import torch
+    except ImportError:
+        print("firstcall: no torch here: the TorchScript models are skipped")
+        return models
+
+    chosen = [("scorer.pt", scorer_module(torch), 10, False), ("scorer-declared.pt", scorer_module(torch), 10, True)]
     if device.startswith("gpu"):
-        chosen.append(("matmuls-declared.pt", Matmuls(), 64, True))
+        chosen.append(("matmuls-declared.pt", matmuls_module(torch), 64, True))
     for name, module, width, sidecar in chosen:
         path = folder / name
-        torch.jit.script(module.eval()).save(str(path))
+        module.save(str(path))
         if sidecar:
             Path(str(path) + ".yaml").write_text(_SIDECAR % width)
         models[name] = path

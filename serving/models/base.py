@@ -64,22 +64,27 @@ class Model(abc.ABC):
         """Run one (possibly batched) inference; called on the executor thread."""
 
     warmup_runs: int = 1  # calls of the warm-up batch (TorchScript: 2, its JIT optimizes at the second)
+    user_code: bool = False  # a handler or a KServe custom model: called only for a request, never warmed up
 
     def warm_up(self) -> str:
-        """Run the model on one row of zeros before its replica is ready, as Triton's model_warmup
-        does, so that its first request does not pay what a first call costs: on a GPU, loading
-        kernels, cuBLAS's handle, a JIT's compile (the scorer's first inference on an H200 took
-        0.12-0.20 s, its warm p50 2 ms: docs/gpu.md). Only where every input's datatype and dims
-        are declared (a free dim is given 1) and the model is not emulated (its time is slept).
-        What was done, for the replica's log. A model that refuses zeros is left as it is, its
-        error said (it may still serve real inputs); the caller checks for a lost device.
-        Called on the executor thread, after load()."""
+        """Run the model on zeros before its replica is ready, as Triton's model_warmup does, so
+        that its first request does not pay what a first call costs: on a GPU, loading kernels,
+        cuBLAS's handle, a JIT's compile (the scorer's first inference through shoal up on an H100
+        and an H200 took 0.12-0.20 s, its warm p50 2 ms: docs/gpu.md). Only where every input's
+        datatype and dims are declared but the first, a batch dim given 1 (a row); not for an
+        emulated model (its time is slept), nor for user code (a handler may write, count or
+        call out). What was done, for the replica's log. A model that refuses zeros is left as it
+        is, its error said (it may still serve real inputs); the caller checks for a lost device
+        and bounds the time. Called on the executor thread, after load()."""
         from serving.protocol.datatypes import numpy_dtype
 
         if self.emulated:
             return "not warmed up: emulated"
-        if not self.inputs or not self.strict_shapes or any(s.datatype == "BYTES" for s in self.inputs):
-            return "not warmed up: its inputs' datatypes and shapes are not all declared"
+        if self.user_code:
+            return "not warmed up: user code, called only for a request"
+        if (not self.inputs or not self.strict_shapes or any(s.datatype == "BYTES" for s in self.inputs)
+                or any(d < 0 for s in self.inputs for d in s.shape[1:])):
+            return "not warmed up: its inputs' datatypes and dims (but a batch dim) are not all declared"
         batch = {s.name: np.zeros(tuple(d if d >= 0 else 1 for d in s.shape), numpy_dtype(s.datatype))
                  for s in self.inputs}
         for _ in range(self.warmup_runs):

@@ -35,6 +35,7 @@ from serving.protocol.types import RawBody, TensorSpec
 class HandlerModel(Model):
     platform = "nuclio_python"
     v1_any_json = True
+    user_code = True  # no warm-up: Nuclio calls a handler only for an event
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         super().__init__(name, path, options)

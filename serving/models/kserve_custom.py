@@ -21,6 +21,7 @@ from serving.protocol.errors import ModelError
 
 class KServeModel(Model):
     platform = "kserve_custom"
+    user_code = True  # no warm-up: KServe calls predict only for a request
 
     def __init__(self, name: str, path: str, options: LoadOptions):
         super().__init__(name, path, options)

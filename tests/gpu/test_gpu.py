@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from deploy.local.inventory import discover_gpus
+from loadtests.bench.firstcall import matmuls_module, scorer_module
 from tests.conftest import ROOT, start_plane, start_replica, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not discover_gpus(), reason="no NVIDIA GPU found by NVML")]
@@ -51,19 +52,9 @@ def torch():
 
 @pytest.fixture(scope="module")
 def scorer(torch, tmp_path_factory):
-    """A TorchScript module with a named input (X: 64 pixels -> 10 probabilities) and no sidecar,
-    as `shoal deploy` uploads it (one file)."""
-
-    class Scorer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(64, 10)
-
-        def forward(self, X):
-            return torch.softmax(self.linear(X), dim=1)
-
-    torch.manual_seed(0)
-    module = torch.jit.script(Scorer().eval())
+    """The bench's scorer (loadtests.bench.firstcall: X, 64 pixels -> 10 probabilities) with no
+    sidecar, as `shoal deploy` uploads it (one file)."""
+    module = scorer_module(torch)
     path = tmp_path_factory.mktemp("models") / "scorer.pt"
     module.save(str(path))
     x = np.random.default_rng(0).random((5, 64), dtype=np.float32)
@@ -338,23 +329,11 @@ def test_the_slice_limits_hold_inside_shoal_ups_replica(tmp_path, mps, monkeypat
 
 @pytest.fixture(scope="module")
 def matmuls(torch, tmp_path_factory):
-    """A TorchScript module that spends milliseconds of GPU kernels per request: 16 products of
-    2,048 x 2,048 float32 matrices (17 GFLOP each), its answer a function of X."""
-
-    class Matmuls(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(2048, 2048) / 45.0)
-
-        def forward(self, X):
-            h = self.w
-            for _ in range(16):
-                h = torch.tanh(h @ self.w)
-            return X * h.mean()
-
-    torch.manual_seed(0)
+    """The bench's matrix products (loadtests.bench.firstcall): milliseconds of GPU kernels per
+    request, 16 products of 2,048 x 2,048 float32 matrices (17 GFLOP each), its answer a function
+    of X."""
     path = tmp_path_factory.mktemp("models") / "matmuls.pt"
-    torch.jit.script(Matmuls().eval()).save(str(path))
+    matmuls_module(torch).save(str(path))
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -130,20 +131,22 @@ def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
 
 
 class WarmUpModel(EchoModel):
-    """EchoModel that records what each call got, and fails as told."""
+    """EchoModel that records what each call got, and fails or stalls at its first call as told."""
 
-    def __init__(self, fail: Exception | None = None, emulated: bool = False, declared: bool = True):
+    def __init__(self, fail: Exception | None = None, emulated: bool = False, shape: tuple = (-1, 2),
+                 user_code: bool = False, stall_s: float = 0.0):
         super().__init__()
         self.seen: list[np.ndarray] = []
-        self.fail = fail
-        self.emulated = emulated
-        if not declared:
-            self.inputs, self.strict_shapes = (TensorSpec("x", "FP32", (-1,)),), False
+        self.fail, self.stall_s = fail, stall_s
+        self.emulated, self.user_code = emulated, user_code
+        self.inputs = (TensorSpec("x", "FP32", shape),)
 
     def predict(self, inputs):
         self.seen.append(inputs["x"].copy())
-        if self.fail is not None and len(self.seen) == 1:
-            raise self.fail
+        if len(self.seen) == 1:
+            time.sleep(self.stall_s)
+            if self.fail is not None:
+                raise self.fail
         return super().predict(inputs)
 
 
@@ -168,10 +171,11 @@ def test_a_model_runs_one_row_of_zeros_before_it_serves():
 
 @pytest.mark.parametrize("model, calls", [
     pytest.param(WarmUpModel(emulated=True), [], id="emulated: its time is slept"),
-    pytest.param(WarmUpModel(declared=False), [], id="shapes not declared"),
+    pytest.param(WarmUpModel(user_code=True), [], id="a handler: called only for a request"),
+    pytest.param(WarmUpModel(shape=(-1, -1)), [], id="a free dim past the batch's"),
     pytest.param(WarmUpModel(fail=InvalidInput("zeros are no image")), [1], id="refuses zeros: still serves"),
 ])
-def test_a_model_not_warmed_up_still_serves(model, calls):
+def test_a_model_not_warmed_up_still_serves(model, calls, caplog):
     dp = _dataplane(model)
 
     async def scenario():
@@ -182,12 +186,24 @@ def test_a_model_not_warmed_up_still_serves(model, calls):
 
     assert asyncio.run(scenario()).outputs[0].data.tolist() == [[2.0, 2.0]]
     assert [len(x) for x in model.seen] == calls + [1]
+    if calls:  # a refusal is a warning: replicas log at warning by default
+        assert "not warmed up: it raised InvalidInput: zeros are no image" in caplog.text
 
 
-def test_a_warm_up_that_loses_the_device_fails_the_load():
-    """A sticky CUDA error in the warm-up (executor.device_lost) fails the load: the replica exits
-    at load, rather than answer 500 to everything."""
+def test_a_warm_up_that_loses_the_device_is_told_as_a_call_would_be():
+    """A sticky CUDA error in the warm-up (executor.device_lost): the replica is told (on_lost: it
+    exits with status 4, to be replaced) and never serves."""
     dp = _dataplane(WarmUpModel(fail=RuntimeError("CUDA error: an illegal memory access was encountered")))
-    with pytest.raises(RuntimeError, match="the device was lost warming the model up: CUDA error: an illegal"):
+    told: list[str] = []
+    dp.on_lost = told.append
+    asyncio.run(dp.load())
+    assert not dp.ready and told == ["CUDA error: an illegal memory access was encountered"] and dp.lost == told[0]
+
+
+def test_a_warm_up_past_the_request_timeout_fails_the_load():
+    binding = bind_slice(SliceRequest(), "cpu", None, 1)
+    dp = DataPlane(WarmUpModel(stall_s=0.5), SliceExecutor(binding), ReplicaMetrics("echo", binding.labels()),
+                   BatchingSpec(max_batch_size=8), request_timeout_s=0.1)
+    with pytest.raises(RuntimeError, match=r"the model's warm-up ran past the request timeout \(0.1 s\)"):
         asyncio.run(dp.load())
     assert not dp.ready
