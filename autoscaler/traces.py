@@ -86,6 +86,17 @@ class Trace:
     def __len__(self) -> int:
         return int(self.times.size)
 
+    def shifted(self, seconds: float) -> Trace:
+        """The same arrivals `seconds` (>= 0) later, those that would fall at or past the end
+        dropped: the same traffic at another phase of a controller's ticks. E.g. arrivals at 0.2
+        and 9.95 s of a 10 s trace, shifted 0.1 s: one arrival, at 0.3 s. The configured rates
+        stay. Over-full clusters are chaotic in it (docs/benchmarks.md, "The ticks' phase")."""
+        seconds = _number("seconds", seconds, lo=0.0)
+        times = self.times + seconds
+        keep = times < self.duration_s
+        return Trace(self.kind, self.duration_s, self.functions, times[keep], self.fids[keep],
+                     {**self.params, "shift_s": seconds}, self.rates)
+
     def counts(self) -> np.ndarray:
         """Requests per function (int64, one per function)."""
         return np.bincount(self.fids, minlength=len(self.functions)).astype(np.int64)

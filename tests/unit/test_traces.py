@@ -486,3 +486,15 @@ def test_the_shared_real_trace_reads():
     trace = make_trace("csv", path=str(path))
     assert len(trace) == 8819 and 3000 < trace.duration_s < 3700
     assert make_trace("csv", path=str(path), compress=10.0).duration_s == pytest.approx(trace.duration_s / 10)
+
+
+def test_a_shifted_trace_is_the_same_arrivals_later_those_past_the_end_dropped():
+    """Trace.shifted (the ticks' phase, loadtests.bench.phase): arrivals at 0.2 and 9.95 s of a
+    10 s trace, shifted 0.1 s: one, at 0.3 s; its function, duration and configured rates kept."""
+    trace = Trace("poisson", 10.0, ("a", "b"), np.array([0.2, 9.95]), np.array([1, 0]), {}, np.array([1.0, 2.0]))
+    later = trace.shifted(0.1)
+    assert later.times.tolist() == pytest.approx([0.3]) and later.fids.tolist() == [1]
+    assert later.duration_s == 10.0 and later.rates.tolist() == [1.0, 2.0] and later.params["shift_s"] == 0.1
+    assert trace.shifted(0.0).times.tolist() == trace.times.tolist()
+    with pytest.raises(ValueError, match="seconds=-1"):
+        trace.shifted(-1)

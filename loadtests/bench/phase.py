@@ -1,0 +1,70 @@
+"""Benchmark: how far the ticks' phase alone moves one cell of the policy bench. Shoal's policy runs
+alone on one trace of loadtests/bench/policy.py at one seed and batcher, its arrivals shifted
+later by each of the given milliseconds (Trace.shifted: the same traffic at another phase of the
+controller's ticks), and the SLO attainment and slice-seconds of each are printed with their range
+and mean. A change judged on a cell whose own range is wider than the change's effect has not
+been judged on it. Simulated, no GPU figure; results: docs/benchmarks.md, "The ticks' phase".
+
+    python -m loadtests.bench.phase TRACE [--seed 3] [--batcher rule|exact] [--shifts-ms 0,1,2,5,10,20,50] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from autoscaler.simulator import BATCHERS, simulate
+from loadtests.bench.policy import scenarios, traces
+
+
+def run(name: str, seed: int, batcher: str, shifts_ms: list[float]) -> list[dict]:
+    """Shoal on trace `name` at each shift: {"shift_ms", "slo", "slice_s", "requests", "wall_s"}."""
+    ((_, trace, profiles, config),) = traces(False, seed, name)
+    config = replace(config, batcher=batcher)
+    rows = []
+    for shift in shifts_ms:
+        started = time.perf_counter()
+        result = simulate(trace.shifted(shift / 1000.0), ["shoal"], config, seed=seed, profiles=profiles)
+        shoal = result["policies"]["shoal"]
+        rows.append({"shift_ms": shift, "slo": shoal["slo_attainment"], "slice_s": shoal["replica_slice_seconds"],
+                     "requests": shoal["requests"], "wall_s": round(time.perf_counter() - started, 1)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [name for name, _, _ in scenarios(False)]
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.phase", description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", choices=names)
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--batcher", choices=BATCHERS, default="rule")
+    p.add_argument("--shifts-ms", default="0,1,2,5,10,20,50", help="comma-separated, each >= 0 (default 0,1,2,5,10,20,50)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    try:
+        shifts = [float(s) for s in args.shifts_ms.split(",")]
+    except ValueError:
+        p.error(f"--shifts-ms {args.shifts_ms!r}: comma-separated numbers")
+    if not shifts or any(not 0 <= s < 1000 for s in shifts):
+        p.error(f"--shifts-ms {args.shifts_ms!r}: each must be >= 0 and under 1000")
+    rows = run(args.trace, args.seed, args.batcher, shifts)
+    print(f"{args.trace}, seed {args.seed}, the {args.batcher} batcher, Shoal alone (simulated):")
+    for r in rows:
+        print(f"  shifted {r['shift_ms']:g} ms: {100 * r['slo']:.3f} % at {r['slice_s']:,.1f} slice-s "
+              f"({r['requests']:,} requests, {r['wall_s']:.0f} s)")
+    slo = [100 * r["slo"] for r in rows]
+    cost = [r["slice_s"] for r in rows]
+    print(f"  SLO {min(slo):.3f}-{max(slo):.3f} % (range {max(slo) - min(slo):.3f} points, mean {statistics.mean(slo):.3f}); "
+          f"slice-s {min(cost):,.1f}-{max(cost):,.1f} ({max(cost) / min(cost):.3f}x)")
+    if args.json:
+        args.json.write_text(json.dumps({"trace": args.trace, "seed": args.seed, "batcher": args.batcher,
+                                         "simulated": True, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
