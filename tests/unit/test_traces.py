@@ -496,5 +496,6 @@ def test_a_shifted_trace_is_the_same_arrivals_later_those_past_the_end_dropped()
     assert later.times.tolist() == pytest.approx([0.3]) and later.fids.tolist() == [1]
     assert later.duration_s == 10.0 and later.rates.tolist() == [1.0, 2.0] and later.params["shift_s"] == 0.1
     assert trace.shifted(0.0).times.tolist() == trace.times.tolist()
+    assert trace.shifted(0.05).shifted(0.05).params["shift_s"] == pytest.approx(0.1)
     with pytest.raises(ValueError, match="seconds=-1"):
         trace.shifted(-1)
