@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, by in results.items():
         line = [f"{name}:"]
         for kind in ("cold", "warm"):
-            runs = by[kind]
-            med = lambda f: 1000 * statistics.median(f(r) for r in runs)  # noqa: E731
+            def med(of, runs=by[kind]) -> float:
+                """The median over the rounds, in ms."""
+                return 1000 * statistics.median(of(r) for r in runs)
+
             line.append(f"{'without' if kind == 'cold' else 'with'} the warm-up: load {med(lambda r: r['load_s']):.1f}, "
                         f"warm-up {med(lambda r: r['warm_s']):.1f}, calls 1-3 {med(lambda r: r['calls_s'][0]):.2f} / "
                         f"{med(lambda r: r['calls_s'][1]):.2f} / {med(lambda r: r['calls_s'][2]):.2f}, then "

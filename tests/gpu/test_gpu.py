@@ -183,6 +183,16 @@ def mps(tmp_path):
             print(log.read_text()[-2000:])
 
 
+@pytest.fixture
+def own_mps(monkeypatch):
+    """For a `shoal up` that starts an MPS daemon of its own (--mps auto): the control program on
+    PATH (else skipped), and no daemon named in the environment."""
+    if not shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("no nvidia-cuda-mps-control on PATH")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        monkeypatch.delenv(key, raising=False)
+
+
 def test_mps_enforces_the_slice_environment(mps):
     """The environment a 1/4:1024 slice gets (serving.executor.slice_env): under MPS the client
     sees a quarter of the SMs and cannot allocate past 1,024 MiB; without MPS, all of both."""
@@ -497,7 +507,7 @@ def test_shoal_up_scales_a_gpu_function_out_and_back_to_zero(tmp_path, matmuls):
         assert plane.stop() == 0
 
 
-def test_shoal_up_starts_mps_so_that_a_slice_is_its_share_of_the_gpu(tmp_path, matmuls, monkeypatch):
+def test_shoal_up_starts_mps_so_that_a_slice_is_its_share_of_the_gpu(tmp_path, matmuls, own_mps):
     """With no MPS daemon named, `shoal up --devices auto` (--mps auto) starts one of its own: the
     GPU's sharing says mps; a handler at 1/4:1024 reads, inside its replica, that daemon's pipe, a
     quarter's share of the SMs, and 2 GiB more refused; the matmuls function at 1/4 (one request at
@@ -505,11 +515,6 @@ def test_shoal_up_starts_mps_so_that_a_slice_is_its_share_of_the_gpu(tmp_path, m
     one, since each replica runs on its own quarter of the SMs (time-sliced, four served what one
     did: docs/gpu.md). When shoal up stops, its daemon is gone."""
     torch = pytest.importorskip("torch")
-    control = shutil.which("nvidia-cuda-mps-control")
-    if not control:
-        pytest.skip("no nvidia-cuda-mps-control on PATH")
-    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        monkeypatch.delenv(key, raising=False)
     all_sms = torch.cuda.get_device_properties(0).multi_processor_count
     probe = tmp_path / "slice_probe.py"
     probe.write_text(_SLICE_PROBE)
@@ -574,7 +579,7 @@ def _mps_processes() -> list[str]:
     return found
 
 
-def test_under_mps_a_busy_neighbour_leaves_a_functions_latency_alone(tmp_path, matmuls, monkeypatch):
+def test_under_mps_a_busy_neighbour_leaves_a_functions_latency_alone(tmp_path, matmuls, own_mps):
     """Two functions on one GPU, each of the matmuls: `light` on one replica at 1/4, one user with a
     20 ms pause, and `heavy` on three at 1/4 (the rest of the GPU). Light's latency is measured with
     heavy idle, then while six users keep heavy's replicas busy. Under shoal up's MPS daemon light
@@ -582,10 +587,6 @@ def test_under_mps_a_busy_neighbour_leaves_a_functions_latency_alone(tmp_path, m
     sliced (`--mps off`, printed beside it, not asserted) light alone runs on the whole GPU, faster,
     and its latency rises with its neighbour's work."""
     pytest.importorskip("torch")
-    if not shutil.which("nvidia-cuda-mps-control"):
-        pytest.skip("no nvidia-cuda-mps-control on PATH")
-    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        monkeypatch.delenv(key, raising=False)
     seen = {}
     for mode in ("off", "auto"):
         plane = start_plane(tmp_path / f"state-{mode}", "--devices", "auto", "--mps", mode)
@@ -638,7 +639,7 @@ def handler(context, event):
 '''
 
 
-def test_under_mps_a_replica_moved_to_a_smaller_slice_gets_that_slices_share(tmp_path, monkeypatch):
+def test_under_mps_a_replica_moved_to_a_smaller_slice_gets_that_slices_share(tmp_path, own_mps):
     """A lone replica at 1/2 that answers a request every 0.5 s is idle enough that Shoal's policy
     asks half its slice (`--slice-window-s 15`: after 15 s of duty, not 300), and shoal up moves
     it (lending.to_move): a replica on 1/4 starts as a client of shoal up's MPS daemon, takes the
@@ -646,10 +647,6 @@ def test_under_mps_a_replica_moved_to_a_smaller_slice_gets_that_slices_share(tmp
     thread share (25 %) and about half the SMs the old one saw; every request is answered 200
     through the move."""
     torch = pytest.importorskip("torch")
-    if not shutil.which("nvidia-cuda-mps-control"):
-        pytest.skip("no nvidia-cuda-mps-control on PATH")
-    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        monkeypatch.delenv(key, raising=False)
     all_sms = torch.cuda.get_device_properties(0).multi_processor_count
     handler = tmp_path / "slice_seen.py"
     handler.write_text(_SLICE_SEEN)
@@ -718,7 +715,7 @@ def handler(context, event):
 '''
 
 
-def test_a_real_gpu_fault_under_mps_replaces_the_replicas_it_reached(tmp_path, matmuls, monkeypatch):
+def test_a_real_gpu_fault_under_mps_replaces_the_replicas_it_reached(tmp_path, matmuls, own_mps):
     """Under shoal up's MPS daemon, a handler's device-side assert (a fatal GPU exception: sticky for
     its process; NVIDIA's MPS guide has it reach every client of the GPU's server, which takes no
     new client until those have exited): the faulting request gets a 500; the faulting replica exits
@@ -726,10 +723,6 @@ def test_a_real_gpu_fault_under_mps_replaces_the_replicas_it_reached(tmp_path, m
     function and a bystander on the same GPU, sent a request every 100 ms, answer 200, the
     faulting one from a new process. (On the H200 lent, the bystander never failed.)"""
     pytest.importorskip("torch")
-    if not shutil.which("nvidia-cuda-mps-control"):
-        pytest.skip("no nvidia-cuda-mps-control on PATH")
-    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        monkeypatch.delenv(key, raising=False)
     faulting = tmp_path / "faulting.py"
     faulting.write_text(_FAULTING)
     plane = start_plane(tmp_path / "state", "--devices", "auto")
