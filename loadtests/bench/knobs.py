@@ -6,7 +6,7 @@ not judged: it was tuned on), by four clauses: cells at or above 99.9 % within t
 where Shoal holds fewer slice-seconds than both tuned peers at an SLO as good, must not fall in
 number; the mean SLO (cells named in `--leave-out` left out) may fall by at most `--slo-slack`
 points; the slice-seconds summed over the same cells must fall by at least `--min-saving`. It is
-how Shoal's own defaults face the check the baselines' got (loadtests/bench/calibrate.py): on seeds
+how Shoal's own defaults face the check the baselines got (loadtests/bench/calibrate.py): on seeds
 that are not reported. Simulated, no GPU figure; results: docs/benchmarks.md, "Shoal's knobs".
 
     python -m loadtests.bench.knobs --seeds 3,4 --set sdd15=scale_down_delay_s:15 --set md95=max_duty:0.95 [--json OUT]
@@ -21,41 +21,68 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig
 from autoscaler.simulator import simulate
-from loadtests.bench.policy import traces
+from loadtests.bench.policy import scenarios, traces
 
 PEERS = ("kpa-tuned", "ray-tuned")
+RESERVED = ("defaults", "peers")  # the jobs' own names
 SLO_BAR = 0.999
 
 
-def parse_setting(text: str) -> tuple[str, dict[str, float]]:
+def parse_setting(text: str) -> tuple[str, dict[str, Any]]:
     """'sdd15=scale_down_delay_s:15' -> ('sdd15', {'scale_down_delay_s': 15.0}); a whole-number
-    knob gets an int. Raises ValueError, saying why, for an unknown knob or a value PolicyConfig
-    refuses."""
+    knob gets an int. Raises ValueError, saying why, for a name the bench uses itself, an unknown
+    or repeated knob, a switch, or a value PolicyConfig refuses."""
     name, sep, spec = text.partition("=")
-    if not sep or not name or name == "defaults" or not spec:
-        raise ValueError(f"{text!r}: NAME=knob:value[,knob:value], NAME not 'defaults'")
+    if not sep or not name or not spec:
+        raise ValueError(f"{text!r}: NAME=knob:value[,knob:value]")
+    if name in RESERVED:
+        raise ValueError(f"{text!r}: the names {', '.join(RESERVED)} are the bench's own")
     known = {f.name for f in fields(PolicyConfig) if f.init}
-    over: dict[str, float] = {}
+    over: dict[str, Any] = {}
     for item in spec.split(","):
         knob, sep, value = item.partition(":")
-        if not sep or knob not in known:
+        if not sep:
+            raise ValueError(f"{text!r}: {item!r} has no ':value'")
+        if knob not in known:
             raise ValueError(f"{text!r}: {knob!r} is not a knob of PolicyConfig")
+        if knob in over:
+            raise ValueError(f"{text!r}: {knob} set twice")
+        default = getattr(DEFAULT_CONFIG, knob)
+        if isinstance(default, bool):
+            raise ValueError(f"{text!r}: {knob} is a switch; only numeric knobs are set here")
         try:
             number = float(value)
         except ValueError:
             raise ValueError(f"{text!r}: {value!r} is not a number") from None
-        default = getattr(DEFAULT_CONFIG, knob)
-        if isinstance(default, bool) or (isinstance(default, int) and not number.is_integer()):
-            raise ValueError(f"{text!r}: {knob} takes {type(default).__name__} values")
+        if isinstance(default, int) and not number.is_integer():
+            raise ValueError(f"{text!r}: {knob} takes whole numbers")
         over[knob] = int(number) if isinstance(default, int) else number
     replace(DEFAULT_CONFIG, **over)  # PolicyConfig's own checks
     return name, over
 
 
-def run(job: tuple[int, str, str, dict[str, float] | None]) -> tuple[int, str, dict[str, dict]]:
+def parse_cells(text: str, seeds: list[int]) -> set[tuple[str, int]]:
+    """'gamma-cv4-40:3, spike:4' -> {('gamma-cv4-40', 3), ('spike', 4)}: synthetic cells of this
+    run. Raises ValueError for a malformed item, an unknown trace or real trace, or a seed not run."""
+    synthetic = {name for name, _, _ in scenarios(False) if not name.startswith("real-")}
+    cells = set()
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        name, sep, seed = item.partition(":")
+        if not sep or not seed.strip().lstrip("-").isdigit():
+            raise ValueError(f"--leave-out {item!r}: trace:seed")
+        if name not in synthetic:
+            raise ValueError(f"--leave-out {item!r}: {name!r} is not a synthetic trace of the bench")
+        if int(seed) not in seeds:
+            raise ValueError(f"--leave-out {item!r}: seed {int(seed)} is not run (--seeds)")
+        cells.add((name, int(seed)))
+    return cells
+
+
+def run(job: tuple[int, str, str, dict[str, Any] | None]) -> tuple[int, str, dict[str, dict]]:
     """One (seed, batcher, setting name, overrides) over every trace: {trace: {policy: {slo, slice_s}}}.
     Overrides None: the tuned peers, not Shoal."""
     seed, batcher, name, over = job
@@ -75,6 +102,8 @@ def score(shoal: dict[tuple[str, int], dict], peers: dict[tuple[str, int], dict]
     """The four clauses' figures of one setting over the synthetic cells (trace, seed)."""
     cells = [c for c in shoal if not c[0].startswith("real-")]
     mean_cells = [c for c in cells if c not in leave_out]
+    if not mean_cells:
+        raise ValueError("every synthetic cell is left out: no mean to judge")
     dominates = sum(all(shoal[c]["slice_s"] < peers[c][p]["slice_s"] and shoal[c]["slo"] >= peers[c][p]["slo"]
                         for p in PEERS) for c in cells)
     return {"at_bar": sum(shoal[c]["slo"] >= SLO_BAR for c in cells), "dominates": dominates,
@@ -88,10 +117,25 @@ def passes(candidate: dict[str, float], defaults: dict[str, float], slo_slack: f
             candidate["slice_s"] <= (1.0 - min_saving) * defaults["slice_s"]]
 
 
-def _real_order(item: tuple[tuple[str, int], dict]) -> float:
-    """real-1x, real-4x, real-10x in that order (the other cells are not printed there)."""
-    name = item[0][0]
-    return float(name[5:-1]) if name.startswith("real-") else 0.0
+def render(scores: dict[str, dict[str, float]], verdicts: dict[str, list[bool]],
+           cells: dict[str, dict[tuple[str, int], dict]], seed: int) -> list[str]:
+    """One line per setting: the four figures against the defaults', the clauses, and the real
+    trace at `seed` (not judged)."""
+    base = scores["defaults"]
+    lines = []
+    for name, s in scores.items():
+        ok = verdicts.get(name)
+        clauses = "".join("1234"[i] if v else "-" for i, v in enumerate(ok)) if ok else ""
+        real = " ".join(f"{x:g}x {100 * v['slo']:.3f} %/{v['slice_s']:,.0f}" for x, v in sorted(
+            ((float(c[0][5:-1]), v) for c, v in cells[name].items() if c[0].startswith("real-") and c[1] == seed),
+            key=lambda xv: xv[0]))
+        lines.append(
+            f"  {name:10} >= 99.9 %: {s['at_bar']:2}, dominates both tuned: {s['dominates']:2}, "
+            f"mean SLO {s['mean_slo_pct']:.4f} % ({s['mean_slo_pct'] - base['mean_slo_pct']:+.4f}), "
+            f"{s['slice_s']:,.0f} slice-s ({s['slice_s'] / base['slice_s']:.3f}x)"
+            + (f"  clauses {clauses}: {'passes' if all(ok) else 'fails'}" if ok else "")
+            + f"  [real, not judged: {real}]")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,13 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        settings = dict(parse_setting(s) for s in args.set)
-        leave_out = {(c.split(":")[0], int(c.split(":")[1])) for c in args.leave_out.split(",") if c}
-    except (ValueError, IndexError) as e:
+        seeds = sorted({int(s) for s in args.seeds.split(",")})
+        parsed = [parse_setting(s) for s in args.set]
+        leave_out = parse_cells(args.leave_out, seeds)
+    except ValueError as e:
         p.error(str(e))
+    settings = dict(parsed)
+    if len(settings) < len(parsed):
+        p.error("--set: each NAME once")
     if not settings:
         p.error("--set: at least one setting to judge against the defaults")
+    synthetic = [name for name, _, _ in scenarios(False) if not name.startswith("real-")]
+    if len(leave_out) >= len(synthetic) * len(seeds):
+        p.error("--leave-out: every synthetic cell; nothing would be judged")
     jobs = [(seed, args.batcher, name, over) for seed in seeds
             for name, over in [("peers", None), ("defaults", {}), *settings.items()]]
     by_name: dict[str, dict[tuple[str, int], dict]] = {}
@@ -123,27 +173,19 @@ def main(argv: list[str] | None = None) -> int:
                 by_name.setdefault(name, {})[(trace_name, seed)] = result if name == "peers" else result["shoal"]
     peers = by_name.pop("peers")
     scores = {name: score(cells, peers, leave_out) for name, cells in by_name.items()}
-    base = scores["defaults"]
-    print(f"Shoal's knobs, the {args.batcher} batcher, seeds {args.seeds} (simulated); judged on "
-          f"{sum(1 for c in by_name['defaults'] if not c[0].startswith('real-'))} synthetic cells, mean and "
-          f"slice-seconds without {sorted(leave_out)}")
-    verdicts = {}
-    for name, s in scores.items():
-        ok = passes(s, base, args.slo_slack, args.min_saving) if name != "defaults" else []
-        verdicts[name] = all(ok) if ok else None
-        real = " ".join(f"{c[0][5:]} {100 * v['slo']:.3f} %/{v['slice_s']:,.0f}" for c, v in sorted(by_name[name].items(), key=_real_order)
-                        if c[0].startswith("real-") and c[1] == seeds[0])
-        print(f"  {name:10} >= 99.9 %: {s['at_bar']:2}, dominates both tuned: {s['dominates']:2}, mean SLO "
-              f"{s['mean_slo_pct']:.4f} % ({s['mean_slo_pct'] - base['mean_slo_pct']:+.4f}), {s['slice_s']:,.0f} slice-s "
-              f"({s['slice_s'] / base['slice_s']:.3f}x)"
-              + (f"  clauses {''.join('1234'[i] if v else '-' for i, v in enumerate(ok))}: "
-                 f"{'passes' if all(ok) else 'fails'}" if ok else "") + f"  [real, not judged: {real}]")
-    passing = sorted((scores[n]["slice_s"], n) for n, v in verdicts.items() if v)
+    verdicts = {name: passes(s, scores["defaults"], args.slo_slack, args.min_saving)
+                for name, s in scores.items() if name != "defaults"}
+    judged = sum(1 for c in by_name["defaults"] if not c[0].startswith("real-"))
+    print(f"Shoal's knobs, the {args.batcher} batcher, seeds {','.join(map(str, seeds))} (simulated); judged on "
+          f"{judged} synthetic cells, the mean and slice-seconds without {sorted(leave_out) or 'none'}")
+    print("\n".join(render(scores, verdicts, by_name, seeds[0])))
+    passing = sorted((scores[n]["slice_s"], n) for n, ok in verdicts.items() if all(ok))
     print(f"  passing, least slice-seconds first: {', '.join(n for _, n in passing) or 'none'}")
     if args.json:
         args.json.write_text(json.dumps({
             "batcher": args.batcher, "seeds": seeds, "simulated": True, "settings": settings, "scores": scores,
-            "passes": verdicts, "cells": {n: {f"{t}:{s}": v for (t, s), v in cells.items()} for n, cells in by_name.items()},
+            "passes": {"defaults": None, **{n: all(ok) for n, ok in verdicts.items()}},
+            "cells": {n: {f"{t}:{s}": v for (t, s), v in cells.items()} for n, cells in by_name.items()},
             "peers": {f"{t}:{s}": v for (t, s), v in peers.items()}}, indent=1) + "\n")
     return 0
 
