@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.policy import DEFAULT_CONFIG, PolicyConfig
-from autoscaler.simulator import simulate
+from autoscaler.simulator import BATCHERS, simulate
 from loadtests.bench.policy import scenarios, traces
 
 PEERS = ("kpa-tuned", "ray-tuned")
@@ -65,10 +65,15 @@ def parse_setting(text: str) -> tuple[str, dict[str, Any]]:
     return name, over
 
 
+def synthetic_traces() -> list[str]:
+    """The bench's traces that are judged: all but the real trace's."""
+    return [name for name, _, _ in scenarios(False) if not name.startswith("real-")]
+
+
 def parse_cells(text: str, seeds: list[int]) -> set[tuple[str, int]]:
     """'gamma-cv4-40:3, spike:4' -> {('gamma-cv4-40', 3), ('spike', 4)}: synthetic cells of this
     run. Raises ValueError for a malformed item, an unknown trace or real trace, or a seed not run."""
-    synthetic = {name for name, _, _ in scenarios(False) if not name.startswith("real-")}
+    synthetic = set(synthetic_traces())
     cells = set()
     for item in filter(None, (i.strip() for i in text.split(","))):
         name, sep, seed = item.partition(":")
@@ -141,7 +146,7 @@ def render(scores: dict[str, dict[str, float]], verdicts: dict[str, list[bool]],
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.knobs", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="3,4", help="comma-separated (default 3,4: tuning seeds, not reported)")
-    p.add_argument("--batcher", choices=("rule", "exact"), default="rule")
+    p.add_argument("--batcher", choices=BATCHERS, default="rule")
     p.add_argument("--set", action="append", default=[], metavar="NAME=knob:value[,knob:value]")
     p.add_argument("--leave-out", default="gamma-cv4-40:3",
                    help="trace:seed cells left out of the mean SLO and the slice-seconds (default gamma-cv4-40:3, "
@@ -161,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--set: each NAME once")
     if not settings:
         p.error("--set: at least one setting to judge against the defaults")
-    synthetic = [name for name, _, _ in scenarios(False) if not name.startswith("real-")]
-    if len(leave_out) >= len(synthetic) * len(seeds):
+    if len(leave_out) >= len(synthetic_traces()) * len(seeds):
         p.error("--leave-out: every synthetic cell; nothing would be judged")
     jobs = [(seed, args.batcher, name, over) for seed in seeds
             for name, over in [("peers", None), ("defaults", {}), *settings.items()]]

@@ -132,7 +132,7 @@ def test_a_small_run_end_to_end(monkeypatch, tmp_path, capsys):
     pytest.param(["--set", "a=max_duty:0.8", "--set", "a=max_duty:0.7"], "each NAME once", id="a name twice"),
     pytest.param(["--set", "a=max_duty:0.8", "--leave-out", "spike:5"], "seed 5 is not run", id="a cell not run"),
     pytest.param(["--seeds", "3", "--set", "a=max_duty:0.8", "--leave-out",
-                  ",".join(f"{n}:3" for n, _, _ in knobs.scenarios(False) if not n.startswith("real-"))],
+                  ",".join(f"{n}:3" for n in knobs.synthetic_traces())],
                  "nothing would be judged", id="every cell left out"),
 ])
 def test_bad_arguments_are_refused(argv, message, capsys):
