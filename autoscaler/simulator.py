@@ -2049,10 +2049,16 @@ def assign_profiles(trace: Trace, seed: int = 0, profiles: tuple[Profile, ...] =
 
 def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(), seed: int = 0,
              profiles: list[Profile] | None = None, shoal_config: PolicyConfig = DEFAULT_CONFIG,
-             start: str = "warm") -> dict:
+             start: str = "warm", extra: dict[str, Callable[[list[Profile]], SimPolicy]] | None = None) -> dict:
     """Run every policy on the same trace and functions; the JSON-ready comparison. `start`:
     every reactive policy begins "warm" (warm_start's replicas, as if it had been running) or
-    "cold" (every function at zero); the scheduled baselines follow their schedules."""
+    "cold" (every function at zero); the scheduled baselines follow their schedules. `extra`:
+    more policies by name, each made from the profiles (e.g. a baseline at another setting:
+    loadtests/bench/frontier.py), run as the named ones, after them."""
+    extra = extra or {}
+    clash = [name for name in extra if name in POLICIES]
+    if clash:
+        raise ValueError(f"extra policy {clash[0]!r} has the name of a built-in one")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policy {unknown[0]!r}: expected one or more of {', '.join(POLICIES)}")
@@ -2067,9 +2073,11 @@ def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
         "kpa-tuned": lambda: kpa_tuned_policy(profiles), "ray-tuned": lambda: ray_tuned_policy(profiles),
         "static": lambda: static_policy(counts), "oracle": lambda: oracle_policy(counts),
     }
+    for name, make in extra.items():
+        makers[name] = functools.partial(make, profiles)
     initial = warm_start(trace, profiles, counts) if start == "warm" else None
     records = {}
-    for name in policies:
+    for name in [*policies, *extra]:
         made = makers[name]()
         records[name] = Simulation(trace, profiles, made, config, initial if made.reactive else None).run()
     warm = round(config.warmup_s / config.tick_s)

@@ -10,6 +10,7 @@ import pytest
 
 from loadtests.bench import knobs
 from loadtests.bench.policy import traces
+from tests.fakes.pool import InProcessPool
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -107,7 +108,7 @@ def test_the_four_clauses(candidate, expected):
 
 def test_a_small_run_end_to_end(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(knobs, "traces", lambda quick, seed: traces(True, seed, "gamma-cv1"))
-    monkeypatch.setattr(knobs, "ProcessPoolExecutor", _InProcess)
+    monkeypatch.setattr(knobs, "ProcessPoolExecutor", InProcessPool)
     out = tmp_path / "knobs.json"
     assert knobs.main(["--seeds", "3", "--set", "same=max_duty:0.9", "--set", "cold=max_duty:0.5",
                        "--leave-out", "", "--json", str(out)]) == 0
@@ -140,18 +141,3 @@ def test_bad_arguments_are_refused(argv, message, capsys):
         knobs.main(argv)
     assert message in capsys.readouterr().err
 
-
-class _InProcess:
-    """ProcessPoolExecutor's map in this process (the monkeypatched traces do not cross a fork)."""
-
-    def __init__(self, max_workers: int) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def map(self, fn, jobs):
-        return map(fn, jobs)
