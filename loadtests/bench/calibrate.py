@@ -31,8 +31,9 @@ SLO_FLOOR = 0.999
 # the grids, fixed before the runs: headroom (share of the SLO concurrency a target asks for)
 # and, for Ray, the downscale delay in cold starts
 HEADROOMS = (0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8)
+RAY_DELAYS = (10.0, 30.0, 100.0)
 KPA_GRID = [(h,) for h in HEADROOMS]
-RAY_GRID = list(itertools.product(HEADROOMS, (10.0, 30.0, 100.0)))
+RAY_GRID = list(itertools.product(HEADROOMS, RAY_DELAYS))
 MAKERS = {"kpa-tuned": (kpa_tuned_policy, KPA_GRID), "ray-tuned": (ray_tuned_policy, RAY_GRID)}
 PUBLISHED = {"kpa-tuned": kpa_policy, "ray-tuned": ray_policy}
 

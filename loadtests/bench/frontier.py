@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Callable
 
 from autoscaler.simulator import BATCHERS, Profile, SimPolicy, kpa_tuned_policy, ray_tuned_policy, simulate
+from loadtests.bench import calibrate
 from loadtests.bench.policy import scenarios, traces
 
-# the grid, fixed before the reported runs: headroom (the share of the SLO concurrency a target
-# asks for: tuned.kpa_config, tuned.ray_config) from well below calibration's lowest (0.05, where
-# kpa-tuned froze) to a whole replica's; Ray's downscale delay in cold starts, calibration's three
-HEADROOMS = (0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5, 0.8, 1.0)
-RAY_DELAYS = (10.0, 30.0, 100.0)
+# the grid, fixed before the reported runs: calibration's headrooms (the share of the SLO
+# concurrency a target asks for: tuned.kpa_config, tuned.ray_config) widened from well below its
+# lowest (0.05, where kpa-tuned froze) to a whole replica's: 0.01 ... 1.0, 11 values; Ray's
+# downscale delays in cold starts, calibration's three
+HEADROOMS = tuple(sorted({0.01, 0.02, 0.03, *calibrate.HEADROOMS, 1.0}))
+RAY_DELAYS = calibrate.RAY_DELAYS
 FAMILIES = ("kpa", "ray")
 Maker = Callable[[list[Profile]], SimPolicy]
 
