@@ -1983,24 +1983,47 @@ class HeldMax(Scheduled):
 
 
 def held_max_policy(counts: dict[int, dict[int, int]], initial: dict[int, int] | None = None,
-                    factor: float = 1.0) -> Scheduled:
+                    factor: float = 1.0, window_ticks: int | None = None) -> HeldMax:
     """A yardstick for what reacting can do, not a policy to run: each function holds `factor`
     times the most replicas any past second needed (the oracle's count of a second, known at its
     end, so one tick late; rounded up), from `initial` on, never fewer, each start a cold start.
     It knows each past second's exact need, as no controller does; at factor 1 what it misses
     comes with a need larger than any before. E.g. counts 1, 3, 2, 5 at ticks 0..3 from 1: 3 from
-    tick 2, 5 from tick 4; at factor 1.5: 2 from tick 1, 5 from tick 2, 8 from tick 4."""
+    tick 2, 5 from tick 4; at factor 1.5: 2 from tick 1, 5 from tick 2, 8 from tick 4.
+    With `window_ticks` W it remembers only the last W seconds (a sliding-window max, the
+    window-max yardstick): it holds factor times the most any of them needed and scales down as
+    that falls, from tick 1 on (`initial` until then: a warm start above the first second's
+    need goes at once; a function with no counts goes to zero). E.g. the counts above (none
+    after), W 2, from 1: 3 from tick 2, 5 from tick 4, 0 from tick 6 (ticks 4 and 5 needed
+    none)."""
+    if window_ticks is not None and window_ticks < 1:
+        raise ValueError(f"window_ticks ({window_ticks}) must be >= 1")
     changes: dict[int, list[tuple[int, int]]] = {}
     final: dict[int, int] = {}
     for fid, per_tick in counts.items():
         held = (initial or {}).get(fid, 0)
-        for tick in sorted(per_tick):
-            wanted = math.ceil(per_tick[tick] * factor - 1e-9)
-            if wanted > held:
-                held = wanted
-                changes.setdefault(tick + 1, []).append((fid, held))
+        if window_ticks is None:
+            for tick in sorted(per_tick):
+                wanted = math.ceil(per_tick[tick] * factor - 1e-9)
+                if wanted > held:
+                    held = wanted
+                    changes.setdefault(tick + 1, []).append((fid, held))
+        else:
+            need = np.zeros(max(per_tick, default=0) + window_ticks + 1)
+            need[list(per_tick)] = list(per_tick.values())
+            window: deque[tuple[int, float]] = deque()  # (tick, need), needs falling
+            for tick, n in enumerate(need.tolist()):
+                while window and window[0][0] <= tick - window_ticks:
+                    window.popleft()
+                while window and window[-1][1] <= n:
+                    window.pop()
+                window.append((tick, n))
+                wanted = math.ceil(window[0][1] * factor - 1e-9)
+                if wanted != held:
+                    held = wanted
+                    changes.setdefault(tick + 1, []).append((fid, held))
         final[fid] = held
-    policy = HeldMax("held-max", changes)
+    policy = HeldMax("held-max" if window_ticks is None else f"window-max {window_ticks}", changes)
     policy.final = final  # what each function holds at the end
     return policy
 
@@ -2021,6 +2044,14 @@ def forced_cold(trace: Trace, profiles: list[Profile], initial: dict[int, int], 
 
 POLICIES = ("shoal", "shoal-fixed", "kpa", "kpa-tuned", "ray", "ray-tuned", "static", "oracle")
 STARTS = ("warm", "cold")
+
+
+def oracle_slice_seconds(counts: dict[int, dict[int, int]], profiles: list[Profile], config: SimConfig) -> float:
+    """The oracle's replica-slice-seconds after the warm-up: each second's count on its function's
+    slice (what `vs_oracle` divides by)."""
+    warm = round(config.warmup_s / config.tick_s)
+    return sum(c * profiles[fid].slice_fraction * config.tick_s
+               for fid, per in counts.items() for tick, c in per.items() if tick >= warm)
 
 
 def warm_start(trace: Trace, profiles: list[Profile], counts: dict[int, dict[int, int]] | None = None,
@@ -2080,9 +2111,7 @@ def simulate(trace: Trace, policies: list[str], config: SimConfig = SimConfig(),
     for name in [*policies, *extra]:
         made = makers[name]()
         records[name] = Simulation(trace, profiles, made, config, initial if made.reactive else None).run()
-    warm = round(config.warmup_s / config.tick_s)
-    oracle = sum(c * profiles[fid].slice_fraction * config.tick_s
-                 for fid, per in counts.items() for tick, c in per.items() if tick >= warm)
+    oracle = oracle_slice_seconds(counts, profiles, config)
     for record in records.values():
         record["oracle_replica_slice_seconds"] = round(oracle, 3)
         record["vs_oracle"] = round(record["replica_slice_seconds"] / oracle, 3) if oracle else None

@@ -10,6 +10,13 @@
   policy without foresight must hold, at what cost, beside static's (which knows each peak
   from the start). Held-max never scales down: where it does not fit on the cluster (a replica
   unplaceable) it says nothing, and the output says so;
+- window-max (`--window-max`): held-max with a memory of W seconds (held_max_policy's
+  window_ticks): it holds k times the most any of the last W seconds needed and scales down as
+  that falls, each start a cold start. Over a grid of W and k, the cheapest setting at 99.9 %
+  and, with `--against`, the cheapest at the SLO attainment Shoal reached there, each against
+  the oracle's slice-seconds: what holding on a sliding window of exact past needs costs beside
+  what foresight costs (issue 19's "Gamma CV 4 at most 1.2x the oracle"). The best setting is
+  chosen after the fact, and each need is known exactly, so it flatters the family;
 - the memoryless floor (traces whose functions are Poisson streams: `azure`, `poisson`): the
   fewest slice-seconds any policy without foresight must hold, in expectation, to reach 99.9 %,
   even knowing each function's rate (memoryless_floor), for a policy that keeps each
@@ -18,7 +25,7 @@
 Every GPU here is simulated: no figure is a GPU measurement.
 
     python -m loadtests.bench.bound --seed 1 [--traces spike,real-4x] [--batcher exact] [--json OUT]
-        [--against POLICY_BENCH_JSON]
+        [--against POLICY_BENCH_JSON] [--window-max]
 
 `--batcher exact`: batches formed as `shoal up`'s batcher forms them (SimConfig.batcher), the
 needs counted for it (oracle_counts), as `python -m loadtests.bench.policy --batcher exact`.
@@ -36,11 +43,14 @@ import numpy as np
 
 from autoscaler.policy import DEFAULT_CONFIG
 from autoscaler.simulator import (
-    BATCHERS, Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, warm_start,
+    BATCHERS, Profile, Simulation, assign_profiles, forced_cold, held_max_policy, oracle_counts, oracle_slice_seconds,
+    warm_start,
 )
 from loadtests.bench.policy import traces
 
 FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
+WINDOWS_S = (2, 5, 10, 20, 30, 60, 120)  # window-max's grid, fixed before its reported runs
+WINDOW_FACTORS = (1.0, 1.1, 1.25)
 TARGET = 0.999
 MIN_SLICE = DEFAULT_CONFIG.min_slice  # the least slice Shoal's policy asks for (1/8)
 RESIZING = ("shoal",)  # the bench's policies that may hold a replica on a smaller slice than deployed
@@ -132,6 +142,66 @@ def held_max(trace, profiles: list[Profile], config, counts, initial, factor: fl
             "timed_out": record["timed_out"], "fits": fits, "requests": record["requests"]}
 
 
+def window_max(trace, profiles: list[Profile], config, counts, initial, window_s: float, factor: float) -> dict:
+    """One run of held_max_policy with a memory of `window_s` (a whole number of ticks, at least
+    one). It fits when no replica it asked for was unplaceable: it scales down and asks again
+    each tick, so what it holds at the end (held_max's test) says nothing."""
+    record = Simulation(trace, profiles, held_max_policy(counts, initial, factor, round(window_s / config.tick_s)),
+                        config, initial).run()
+    return {"window_s": window_s, "factor": factor, "slo": record["slo_attainment"],
+            "slice_s": record["replica_slice_seconds"], "unplaceable": record["unplaceable"],
+            "fits": record["unplaceable"] == 0}
+
+
+def cheapest(runs: list[dict], slo: float) -> dict | None:
+    """The run that fits with the fewest slice-seconds at `slo` or better; None if none."""
+    good = [r for r in runs if r["fits"] and r["slo"] >= slo]
+    return min(good, key=lambda r: (r["slice_s"], r["window_s"], r["factor"])) if good else None
+
+
+def window_sweep(trace, profiles: list[Profile], config, shoal: dict | None = None,
+                 windows: tuple[float, ...] = WINDOWS_S, factors: tuple[float, ...] = WINDOW_FACTORS) -> dict:
+    """window-max at every (W, k) of the grid; the cheapest at 99.9 % and, given Shoal's record
+    of a bench run on the same trace (`shoal`), at the attainment it reached, each x the
+    oracle's slice-seconds, Shoal's beside. A record of another trace, seed or batcher (its
+    oracle's slice-seconds not these) is refused."""
+    counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
+    oracle = oracle_slice_seconds(counts, profiles, config)
+    if shoal is not None and abs(shoal["oracle_replica_slice_seconds"] - oracle) > 0.01:
+        raise ValueError(f"Shoal's record has an oracle of {shoal['oracle_replica_slice_seconds']:,.3f} slice-s, this "
+                         f"trace {oracle:,.3f}: a run of another trace, seed or batcher")
+    initial = warm_start(trace, profiles, counts)
+    runs = [window_max(trace, profiles, config, counts, initial, w, k) for w in windows for k in factors]
+
+    def x(run: dict | None) -> dict | None:
+        return None if run is None else {**run, "x_oracle": round(run["slice_s"] / oracle, 3) if oracle else None}
+
+    out = {"oracle_slice_s": round(oracle, 1), "runs": [x(r) for r in runs], "at_target": x(cheapest(runs, TARGET))}
+    if shoal is not None:
+        out["shoal"] = {"slo": shoal["slo_attainment"], "slice_s": shoal["replica_slice_seconds"],
+                        "x_oracle": round(shoal["replica_slice_seconds"] / oracle, 3) if oracle else None}
+        out["at_shoal"] = x(cheapest(runs, shoal["slo_attainment"]))
+    return out
+
+
+def describe_sweep(name: str, seed: int, r: dict) -> str:
+    def times(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}x"  # None: an oracle of no slice-seconds
+
+    def one(run: dict | None, what: str) -> str:
+        return (f"none of the grid reaches {what}" if run is None else
+                f"at {what} the cheapest is W {run['window_s']:g} s x{run['factor']:g}: {run['slo']:.3%} at "
+                f"{run['slice_s']:,.0f} slice-s, {times(run['x_oracle'])} the oracle")
+    text = (f"{name} (seed {seed}) window-max, oracle {r['oracle_slice_s']:,.0f} slice-s: "
+            f"{one(r['at_target'], f'{TARGET:.1%}')}")
+    if "shoal" in r:
+        shoal = r["shoal"]
+        at_shoal = one(r["at_shoal"], f"Shoal's {shoal['slo']:.3%}")
+        text += f"; {at_shoal}; Shoal {shoal['slice_s']:,.0f} slice-s, {times(shoal['x_oracle'])}"
+    unfit = sum(1 for run in r["runs"] if not run["fits"])
+    return text + (f" ({unfit} of {len(r['runs'])} settings left a replica unplaceable)" if unfit else "")
+
+
 def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = FACTORS) -> dict:
     counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
     initial = warm_start(trace, profiles, counts)
@@ -214,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", type=Path, help="a policy bench JSON of the same seed (python -m "
                    "loadtests.bench.policy --json): each policy's slice-s beside the memoryless floor at the "
                    "SLO attainment it reached")
+    p.add_argument("--window-max", action="store_true", help="also window-max over its grid (WINDOWS_S x "
+                   "WINDOW_FACTORS); with --against, at Shoal's SLO attainment there too")
     args = p.parse_args(argv)
     out = {}
     bench = {}
@@ -227,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(config, batcher=args.batcher)
         out[name] = bound(trace, profiles, config)
         print(f"{describe(name, args.seed, out[name])} [batcher {args.batcher}]", flush=True)
+        if args.window_max:
+            shoal = bench[name]["policies"]["shoal"] if name in bench else None
+            try:
+                out[name]["window_max"] = window_sweep(trace, profiles, config, shoal)
+            except ValueError as e:
+                p.error(f"--against {args.against}, {name}: {e}")
+            print(f"  {describe_sweep(name, args.seed, out[name]['window_max'])}", flush=True)
         if out[name]["memoryless_floor"] is not None and name in bench:
             out[name]["against"] = against(trace, profiles, config, bench[name]["policies"])
             for policy, a in out[name]["against"].items():

@@ -166,3 +166,47 @@ def test_no_policy_in_the_simulator_holds_less_than_the_floor_at_its_own_attainm
         higher = bound.memoryless_floor(trace, profiles, config, initial, target=(1 + rec["slo_attainment"]) / 2)
         fixed = bound.memoryless_floor(trace, profiles, config, initial, target=rec["slo_attainment"])
         assert higher["floor_slice_s"] > fixed["floor_slice_s"] > 0.5 * a["slice_s"]
+
+
+def test_the_cheapest_setting_is_the_one_that_fits_at_the_slo_with_least_held():
+    runs = [{"window_s": 2, "factor": 1.0, "slo": 0.998, "slice_s": 90.0, "fits": True},
+            {"window_s": 30, "factor": 1.0, "slo": 0.9995, "slice_s": 120.0, "fits": True},
+            {"window_s": 5, "factor": 1.25, "slo": 1.0, "slice_s": 110.0, "fits": False},  # unplaceable: not chosen
+            {"window_s": 10, "factor": 1.1, "slo": 1.0, "slice_s": 130.0, "fits": True}]
+    assert bound.cheapest(runs, 0.999)["window_s"] == 30
+    assert bound.cheapest(runs, 1.0)["window_s"] == 10
+    assert bound.cheapest(runs, 0.99)["window_s"] == 2
+    assert bound.cheapest(runs[:1], 0.999) is None
+
+
+def test_window_max_over_its_grid_beside_the_oracle_and_shoal():
+    """Two Gamma CV 4 functions on a cluster that holds every setting: a longer memory holds more
+    and misses no more, as does a larger factor; the cheapest at 99.9 % and at Shoal's
+    attainment are runs of the grid, each over the oracle's slice-seconds (simulate's
+    `vs_oracle` divides by the same), and Shoal's record is put beside them as it was run; a
+    record of another seed is refused."""
+    trace = make_trace("gamma", functions=2, seconds=240, seed=3, rate=60.0, cv=4.0)
+    config = SimConfig(gpus=8, warmup_s=30.0)
+    shoal = simulate(trace, ["shoal"], config, profiles=[SLOW, SLOW])["policies"]["shoal"]
+    r = bound.window_sweep(trace, [SLOW, SLOW], config, shoal, windows=(1, 5, 60), factors=(1.0, 1.5))
+    runs = {(x["window_s"], x["factor"]): x for x in r["runs"]}
+    assert list(runs) == [(1, 1.0), (1, 1.5), (5, 1.0), (5, 1.5), (60, 1.0), (60, 1.5)]
+    assert all(x["fits"] for x in r["runs"])
+    for f in (1.0, 1.5):  # held longer: more slice-seconds, no fewer requests within the SLO
+        assert runs[1, f]["slice_s"] < runs[5, f]["slice_s"] < runs[60, f]["slice_s"]
+        assert runs[1, f]["slo"] <= runs[5, f]["slo"] <= runs[60, f]["slo"]
+    for w in (1, 5, 60):  # x1.5: more held, no fewer within the SLO
+        assert runs[w, 1.0]["slice_s"] < runs[w, 1.5]["slice_s"] and runs[w, 1.0]["slo"] <= runs[w, 1.5]["slo"]
+    assert runs[1, 1.0]["slo"] < 0.999  # each second's need a tick late misses the rises
+    assert r["oracle_slice_s"] == pytest.approx(shoal["oracle_replica_slice_seconds"], abs=0.1)  # (to 0.1)
+    assert r["shoal"]["x_oracle"] == pytest.approx(shoal["vs_oracle"], abs=0.001)
+    for key, slo in (("at_target", 0.999), ("at_shoal", shoal["slo_attainment"])):
+        best = r[key]
+        assert best is not None and best["slo"] >= slo and best["x_oracle"] == pytest.approx(
+            best["slice_s"] / r["oracle_slice_s"], abs=0.001)
+        assert all(x["slice_s"] >= best["slice_s"] for x in r["runs"] if x["fits"] and x["slo"] >= slo)
+    assert "window-max" in bound.describe_sweep("gamma", 3, r) and "Shoal's" in bound.describe_sweep("gamma", 3, r)
+    other = simulate(make_trace("gamma", functions=2, seconds=240, seed=4, rate=60.0, cv=4.0), ["shoal"], config,
+                     profiles=[SLOW, SLOW])["policies"]["shoal"]
+    with pytest.raises(ValueError, match="another trace, seed or batcher"):
+        bound.window_sweep(trace, [SLOW, SLOW], config, other, windows=(1,), factors=(1.0,))

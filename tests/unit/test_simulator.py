@@ -1350,6 +1350,65 @@ def test_held_max_misses_a_need_larger_than_any_before():
     assert record["replica_starts"] == 3
 
 
+def test_window_max_holds_the_most_of_the_last_w_seconds_and_lets_it_go():
+    # counts 1, 3, 2, 5 at ticks 0..3 (none after), from 1: W 2 holds 3 from tick 2, 5 from
+    # tick 4 and none from tick 6, when ticks 4 and 5 needed none; W 1 follows each second
+    counts = {0: {0: 1, 1: 3, 2: 2, 3: 5}}
+    w2 = S.held_max_policy(counts, {0: 1}, window_ticks=2)
+    assert w2.changes == {2: [(0, 3)], 4: [(0, 5)], 6: [(0, 0)]} and w2.final == {0: 0}
+    assert S.held_max_policy(counts, {0: 1}, window_ticks=1).changes == {
+        2: [(0, 3)], 3: [(0, 2)], 4: [(0, 5)], 5: [(0, 0)]}
+    # x1.5 rounds up: 2, 5, 3, 8 of the counts; W 2 holds 2 from tick 1, 5 from 2, 8 from 4
+    assert S.held_max_policy(counts, {0: 1}, factor=1.5, window_ticks=2).changes == {
+        1: [(0, 2)], 2: [(0, 5)], 4: [(0, 8)], 6: [(0, 0)]}
+    # a window longer than the trace is held-max until the window passes the last need
+    assert S.held_max_policy(counts, {0: 1}, window_ticks=100).changes == {2: [(0, 3)], 4: [(0, 5)], 104: [(0, 0)]}
+    # falling needs: as the 5 leaves the window the most left is 3, not the second's own 1
+    assert S.held_max_policy({0: {0: 5, 1: 3, 2: 1}}, {0: 5}, window_ticks=2).changes == {
+        3: [(0, 3)], 4: [(0, 1)], 5: [(0, 0)]}
+    # a function with no counts goes to zero from its warm start; a window under a tick is refused
+    assert S.held_max_policy({0: {}}, {0: 2}, window_ticks=3).changes == {1: [(0, 0)]}
+    with pytest.raises(ValueError, match="window_ticks"):
+        S.held_max_policy(counts, {0: 1}, window_ticks=0)
+
+
+def test_window_max_holds_what_a_brute_force_max_over_the_window_holds():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        ticks, window, factor = int(rng.integers(1, 40)), int(rng.integers(1, 12)), float(rng.choice([1.0, 1.1, 1.5]))
+        need = rng.integers(0, 9, ticks) * (rng.random(ticks) < 0.7)
+        counts = {0: {t: int(n) for t, n in enumerate(need) if n}}
+        start = int(rng.integers(0, 6))
+        changes = S.held_max_policy(counts, {0: start}, factor, window_ticks=window).changes
+        held, expect = start, {}
+        padded = np.concatenate([need, np.zeros(window + 1, int)])
+        for t in range(len(padded)):  # at t + 1: the most of ticks t - W + 1 .. t, times the factor, rounded up
+            want = math.ceil(padded[max(0, t - window + 1):t + 1].max() * factor - 1e-9)
+            if want != held:
+                held = expect[t + 1] = want
+        assert {t: [(0, n)] for t, n in expect.items()} == changes, (need.tolist(), window, factor, start)
+
+
+def test_window_max_misses_a_need_again_once_its_window_has_let_it_go():
+    """The two bursts of held-max's test (40 requests at 5 s and 20 s, 4 replicas' worth, 1 s
+    SLO, a 2 s cold start): with a 5 s memory the function goes to zero at 11 s, when no second
+    of its window needed a replica, so the second burst waits a cold start whole, all 40 late;
+    with 30 s it finds the first burst's 4 replicas and all meet the SLO."""
+    burst = lambda at: np.full(40, at)  # noqa: E731
+    times = np.concatenate([np.arange(0.5, 5.0, 1.0), burst(5.0), burst(20.0)])
+    profile = Profile("p", ((1, 100.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0)
+    trace = trace_of(times, duration=30.0)
+    counts = oracle_counts(trace, [profile], 1.0)
+    late = {}
+    for window in (5, 30):
+        sim = Recording(trace, [profile], S.held_max_policy(counts, {0: 1}, window_ticks=window),
+                        SimConfig(gpus=1), {0: 1})
+        sim.run()
+        late[window] = sum(1 for x in sim.latencies[45:] if x > 1.0)
+        assert sum(1 for x in sim.latencies[5:45] if x > 1.0) == 30  # the first burst as held-max's
+    assert late == {5: 40, 30: 0}
+
+
 def test_forced_cold_counts_first_requests_of_functions_started_cold():
     """f0 warm; f1's first request at 2 s (cold start 2 s > SLO 1 s): forced; f2's first at 0.5 s,
     before the 1 s warm-up: not counted; f3's profile starts within its SLO: not forced."""
