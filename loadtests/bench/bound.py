@@ -160,12 +160,13 @@ def cheapest(runs: list[dict], slo: float) -> dict | None:
 
 
 def window_sweep(trace, profiles: list[Profile], config, shoal: dict | None = None,
-                 windows: tuple[float, ...] = WINDOWS_S, factors: tuple[float, ...] = WINDOW_FACTORS) -> dict:
+                 windows: tuple[float, ...] = WINDOWS_S, factors: tuple[float, ...] = WINDOW_FACTORS,
+                 counts: dict[int, dict[int, int]] | None = None) -> dict:
     """window-max at every (W, k) of the grid; the cheapest at 99.9 % and, given Shoal's record
     of a bench run on the same trace (`shoal`), at the attainment it reached, each x the
     oracle's slice-seconds, Shoal's beside. A record of another trace, seed or batcher (its
-    oracle's slice-seconds not these) is refused."""
-    counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
+    oracle's slice-seconds not these) is refused. `counts`: the trace's oracle_counts, if made."""
+    counts = counts if counts is not None else oracle_counts(trace, profiles, config.tick_s, config.batcher)
     oracle = oracle_slice_seconds(counts, profiles, config)
     if shoal is not None and abs(shoal["oracle_replica_slice_seconds"] - oracle) > 0.01:
         raise ValueError(f"Shoal's record has an oracle of {shoal['oracle_replica_slice_seconds']:,.3f} slice-s, this "
@@ -202,8 +203,9 @@ def describe_sweep(name: str, seed: int, r: dict) -> str:
     return text + (f" ({unfit} of {len(r['runs'])} settings left a replica unplaceable)" if unfit else "")
 
 
-def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = FACTORS) -> dict:
-    counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)
+def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = FACTORS,
+          counts: dict[int, dict[int, int]] | None = None) -> dict:
+    counts = counts if counts is not None else oracle_counts(trace, profiles, config.tick_s, config.batcher)
     initial = warm_start(trace, profiles, counts)
     at_1 = held_max(trace, profiles, config, counts, initial)
     forced = forced_cold(trace, profiles, initial, config.warmup_s)
@@ -228,12 +230,14 @@ def bound(trace, profiles: list[Profile], config, factors: tuple[float, ...] = F
     return out
 
 
-def against(trace, profiles: list[Profile], config, policies: dict) -> dict:
+def against(trace, profiles: list[Profile], config, policies: dict,
+            counts: dict[int, dict[int, int]] | None = None) -> dict:
     """Each reactive policy of a bench run (its record in `policies`) beside the memoryless floor
     for the SLO attainment it reached, over that run's requests: how many times the least a
     policy without foresight must hold for it, knowing each rate, it held; for a policy that
     resizes slices (RESIZING) the floor of one that may hold a replica on min_slice."""
-    initial = warm_start(trace, profiles, oracle_counts(trace, profiles, config.tick_s, config.batcher))
+    counts = counts if counts is not None else oracle_counts(trace, profiles, config.tick_s, config.batcher)
+    initial = warm_start(trace, profiles, counts)
     out = {}
     for policy, record in policies.items():
         if policy in ("static", "oracle"):  # static knows each peak, the oracle foresees
@@ -297,17 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, trace, profiles, config in traces(False, args.seed, args.traces):
         profiles = profiles or assign_profiles(trace, args.seed)
         config = replace(config, batcher=args.batcher)
-        out[name] = bound(trace, profiles, config)
+        counts = oracle_counts(trace, profiles, config.tick_s, config.batcher)  # once per trace, for each reading
+        out[name] = bound(trace, profiles, config, counts=counts)
         print(f"{describe(name, args.seed, out[name])} [batcher {args.batcher}]", flush=True)
         if args.window_max:
             shoal = bench[name]["policies"]["shoal"] if name in bench else None
             try:
-                out[name]["window_max"] = window_sweep(trace, profiles, config, shoal)
+                out[name]["window_max"] = window_sweep(trace, profiles, config, shoal, counts=counts)
             except ValueError as e:
                 p.error(f"--against {args.against}, {name}: {e}")
             print(f"  {describe_sweep(name, args.seed, out[name]['window_max'])}", flush=True)
         if out[name]["memoryless_floor"] is not None and name in bench:
-            out[name]["against"] = against(trace, profiles, config, bench[name]["policies"])
+            out[name]["against"] = against(trace, profiles, config, bench[name]["policies"], counts)
             for policy, a in out[name]["against"].items():
                 x = "-" if a["x_floor"] is None else f"{a['x_floor']:.3f}x"
                 print(f"  {policy}: {a['slo']:.3%} at {a['slice_s']:,.0f} slice-s, {x} the floor for that attainment"
