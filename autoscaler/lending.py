@@ -9,7 +9,8 @@ while the next arrival is likely), becomes a loan of capacity nobody waits for. 
 shared by the same arbiter (`share`): every replica ranked by what it serves (a function's floor,
 its need, headroom, idle), asks granted highest first, each taking back only lower-ranked
 replicas of other functions, and those held short said with why; what a busy replica serves is
-`replica_rank` over its function's `need_of`, valued by the late requests its loss would cost
+`replica_rank` over its function's `need_of` (its most over the policy's scale-down delay:
+`held_need`), valued by the late requests its loss would cost
 through a cold start, per slice (an idle one's take-back cost counts the same late requests,
 weighted by the chance of a request and not per slice). The scaler (autoscaler.replicas) and
 the simulator act on it and rank busy replicas alike; the simulator also ranks further asks by
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
-from autoscaler.policy import cold_start_misses
+from autoscaler.policy import cold_start_misses, window_start
 from autoscaler.placement import Demand, Placement, SliceCluster, Status
 
 
@@ -162,6 +163,27 @@ def need_of(busy_per_s: Any, max_duty: float, active: Any) -> Any:
     // 0.45 busy s/s at 0.9: 1; 2.0: ceil(2.22) = 3; nothing busy, requests coming: 1"""
     n = -(-(busy_per_s / max_duty - 1e-9) // 1)
     return n + (n < 1) * active
+
+
+def held_need(need: Any, past: Iterable[tuple[float, Any]], now: float, window_s: float) -> Any:
+    """The need a function's placed replicas are ranked by when the cluster is shared: the most
+    of `need` (now's, from need_of) and the past needs, (at, need) pairs, inside the window of
+    `window_s` ending at `now` (the policy's scale-down delay, its edge the policy's:
+    policy.window_start); floats or numpy arrays alike (the simulator's every function at once),
+    so the larger of two is picked by multiplying with comparisons. A replica its function
+    needed within the window would not yet be scaled down by its own policy, so it is no
+    headroom to another's ask either: ranked by the need of the moment, a bursty function's
+    further replica was taken between its bursts and started again cold for the next
+    (docs/benchmarks.md, "A replica needed within the delay window is no headroom"). An ask
+    keeps the need of now.
+    // now 41, need 2, past ((10, 1), (25, 3)): window 30 s holds 25's 3; window 16 s too (25 is
+    // at its edge); window 10 s: 2"""
+    cutoff = window_start(now, window_s)
+    most = need
+    for at, then in past:
+        if at > cutoff:
+            most = (most >= then) * most + (most < then) * then
+    return most
 
 
 def replica_rank(k: int, rate: float, need: float, slice_fraction: float, cold_start_s: float,

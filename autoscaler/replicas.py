@@ -21,6 +21,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Protocol
@@ -28,18 +29,22 @@ from typing import Any, Callable, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
-    HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, idle_holds, need_of, observe_rate,
-    replica_rank, share, to_move, want_asks,
+    HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, held_need, idle_holds, need_of,
+    observe_rate, replica_rank, share, to_move, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
-from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
+from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision, window_start
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
 MOVE_RETRY_S = 60.0  # a replica that failed to start on a smaller slice: the next move not before this
+# a busy replica is ranked by its function's most need over this (lending.held_need): the delay
+# window of the policy's defaults, as need_of's max duty is read from them (the simulator reads
+# both from the policy it runs)
+NEED_WINDOW_S = DEFAULT_CONFIG.scale_down_delay_s
 
 
 # ---------------------------------------------------------------------- what the scaler needs
@@ -151,6 +156,9 @@ class ReplicaScaler:
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self.no_move_before: dict[str, float] = {}  # function -> a move failed to start: none again until
         self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
+        # function -> its need (_traffic_and_need) at each look over the policy's delay window: what its
+        # busy replicas are ranked by when the cluster is shared (lending.held_need)
+        self.needs: dict[str, deque[tuple[float, float]]] = {}
         self._seen: dict[str, tuple[FunctionSpec, int]] = {}  # the functions of the last look
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
@@ -189,6 +197,8 @@ class ReplicaScaler:
         changed = {}
         starts: list[tuple[str, FunctionSpec, int]] = []
         self._note_activity(self.clock())
+        if self.config.take_back:
+            self._note_needs(self.clock())
         moves: list[tuple[str, FunctionSpec, int]] = []
         for name, target in targets.items():
             if target.keep_alive_s is not None:
@@ -304,7 +314,9 @@ class ReplicaScaler:
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
         if self.config.take_back:  # busy replicas: ranked headroom or need, only a first replica takes one
-            holds += self._busy_holds(*self._traffic_and_need(), {h.replica for h in holds})
+            traffic, need = self._traffic_and_need()
+            ranked = {name: held_need(n, self.needs.get(name, ()), now, NEED_WINDOW_S) for name, n in need.items()}
+            holds += self._busy_holds(traffic, ranked, {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
         # kept, or busy above or within its function's need. Further replicas (headroom) only ever
         # take cheap idle ones: they go in the last pass, after them
@@ -366,9 +378,26 @@ class ReplicaScaler:
         need = {name: need_of(work[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
         return traffic, need
 
+    def _note_needs(self, now: float) -> None:
+        """Each deployed function's need at this look (those of the last observe(): a removed
+        function's replicas still serve until they have drained), kept over the policy's
+        scale-down delay (as the simulator keeps each tick's: Simulation._needs), for
+        lending.held_need."""
+        need = {name: n for name, n in self._traffic_and_need()[1].items() if name in self._seen}
+        cutoff = window_start(now, NEED_WINDOW_S)
+        for name in set(need) | set(self.needs):
+            kept = self.needs.setdefault(name, deque())
+            if name in need:
+                kept.append((now, need[name]))
+            while kept and kept[0][0] <= cutoff:
+                kept.popleft()
+            if not kept:
+                del self.needs[name]
+
     def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
         """The ready replicas of functions with requests, but for the idle ones (`idle`: idle_holds
-        has them), ranked by what they serve (lending.replica_rank): a function's busy replicas
+        has them), ranked by what they serve (lending.replica_rank, `need` each function's most
+        over the policy's delay window: lending.held_need): a function's busy replicas
         counted first, ready oldest first, its idle ones last, so its newest busy ones are its
         headroom and a busy one is its floor while it has one (two asks in a tick cannot take an
         idle replica and its busy floor both). Only NEED and HEADROOM ones: a floor is never taken,
@@ -722,6 +751,7 @@ class ReplicaScaler:
             self.rates.pop(name, None)
             self.keep_alive.pop(name, None)
             self.no_move_before.pop(name, None)
+            self.needs.pop(name, None)  # a function deployed again under its name starts with none
             self.router.forget(name)
         self._seen = dict(functions)
 

@@ -31,7 +31,8 @@ import numpy as np
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
 from autoscaler.lending import (
-    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, need_of, replica_rank, share, takeback_cost, to_move,
+    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, held_need, need_of, replica_rank, share, takeback_cost,
+    to_move,
 )
 from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
@@ -541,6 +542,11 @@ class Simulation:
         # once for a look between ticks); what each function's request rate and last activity were
         self._lends = bool(getattr(policy, "lends", False))
         self._short: dict[int, int] = {}
+        # each tick's need (_traffic_and_need) over the policy's delay window: what placed replicas
+        # are ranked by (lending.held_need)
+        self._needs: deque[tuple[float, np.ndarray]] = deque()
+        self._need_window_s = float(getattr(getattr(policy, "config", None), "scale_down_delay_s",
+                                            DEFAULT_CONFIG.scale_down_delay_s))
         self._in_tick = False
         self._asking = (-1, 0)  # a look between ticks: its function and the requests held for it
         self._fid_of = {name: i for i, name in enumerate(self._names)}
@@ -1235,6 +1241,9 @@ class Simulation:
             self._measure_cold(fresh.tolist())
         if self._lends:
             self._note_activity(t1)
+            self._needs.append((t1, self._traffic_and_need()[1]))
+            while self._needs and self._needs[0][0] <= policy.window_start(t1, self._need_window_s):
+                self._needs.popleft()
         self._in_tick = True  # replicas that do not fit wait for the tick's end (_share_out)
         self._look_each(live, ready[live], t1)
         waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
@@ -1484,8 +1493,9 @@ class Simulation:
         a further replica took before, ranked by need here: on the saturated cluster at seed 3 a
         whisper-tiny function at 90 requests a second, quiet for one tick, lost both its
         replicas to other functions' needed ones and started again cold. A needed further
-        replica here still takes busy headroom (live: idle replicas only). Those held short are
-        counted per function."""
+        replica here still takes busy headroom (live: idle replicas only), headroom by its
+        function's most need over the policy's delay window (lending.held_need over _needs; an
+        ask by the need of now). Those held short are counted per function."""
         short, self._short = self._short, {}
         traffic, need = self._traffic_and_need()
         asks = []
@@ -1496,7 +1506,7 @@ class Simulation:
             waiting = int(traffic[fid] * self.config.tick_s - self.tick_n[fid])
             asks += [Ask(self._demand(fid), r, v, waiting) for r, v in zip(ranks.tolist(), values.tolist())]
         top = max(a.rank for a in asks)
-        holds = self._holds(now, traffic, need, top)
+        holds = self._holds(now, traffic, held_need(need, self._needs, now, self._need_window_s), top)
         if self.config.time_share_busy > 0:
             firsts = {a.demand.replica: a for a in asks if a.rank == FLOOR}  # a function's first replica
             if firsts:

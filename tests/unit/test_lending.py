@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, Rate, Want, chance_of_request, choose_takebacks,
-    cold_start_misses, need_of, observe_rate, replica_rank, share, takeback_cost, to_move,
+    cold_start_misses, held_need, need_of, observe_rate, replica_rank, share, takeback_cost, to_move,
 )
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
@@ -259,6 +259,18 @@ def _apply(scaler, desired: dict[str, tuple[int, str]], memory_mib: int | None =
     made finished."""
     async def run():
         await scaler.apply({name: Target(_spec(name, memory_mib), 1, 1, ScaleDecision(n, reason))
+                            for name, (n, reason) in desired.items()})
+        await asyncio.gather(*scaler._tasks)
+
+    asyncio.run(run())
+
+
+def _tick(scaler, deployed: dict, desired: dict[str, tuple[int, str]]) -> None:
+    """One tick of the loop: observe() of the `deployed` functions (name -> (spec, revision)),
+    then `desired` applied as _apply does."""
+    async def run():
+        scaler.observe(deployed)
+        await scaler.apply({name: Target(deployed[name][0], 1, 1, ScaleDecision(n, reason))
                             for name, (n, reason) in desired.items()})
         await asyncio.gather(*scaler._tasks)
 
@@ -590,6 +602,21 @@ def test_need_is_busy_seconds_over_max_duty_rounded_up(busy, active, expected):
     assert need_of(np.array([busy]), 0.9, np.array([active]))[0] == expected
 
 
+@pytest.mark.parametrize("window, expected", [
+    pytest.param(30.0, 3, id="window 30 s at 41: 25's 3 is inside"),
+    pytest.param(16.0, 3, id="window 16 s: 25 at its edge, inside (the policy's edge: window_start)"),
+    pytest.param(15.0, 2, id="window 15 s: 25 is out, now's 2"),
+    pytest.param(0.0, 2, id="no window: now's need"),
+])
+def test_held_need_is_the_most_need_over_the_window(window, expected):
+    past = ((10.0, 1.0), (25.0, 3.0))
+    assert held_need(2.0, past, 41.0, window) == expected
+    # the simulator's every function at once: f0 as above, f1 needs 0 at 10, 4 at 25, 1 now
+    arrays = [(10.0, np.array([1.0, 0.0])), (25.0, np.array([3.0, 4.0]))]
+    f1 = {30.0: 4.0, 16.0: 4.0, 15.0: 1.0, 0.0: 1.0}[window]
+    assert held_need(np.array([2.0, 1.0]), arrays, 41.0, window).tolist() == [expected, f1]
+
+
 @pytest.mark.parametrize("k, rate, need, cold, rank, value", [
     pytest.param(1, 40.0, 2, 2.0, FLOOR, (1 + 20 * 1.5) / 0.25,
                  id="the first: floor, 40 rps / need 2 = 20 rps through 1.5 s past the SLO: 31 late, / 1/4 = 124"),
@@ -708,6 +735,45 @@ def test_a_first_replica_takes_a_needed_replica_when_no_headroom_is_left():
     (took,) = [k["data"] for a, k in events if a[0] == "takeback"]
     assert took["from"] == "f0" and took["rank"] == "need" and backend.stopped == ["f7-8"]
     assert len(scaler.live("w")) == 1 and len(scaler.live("f0")) == 1
+
+
+@pytest.mark.parametrize("at, rank, kept", [
+    pytest.param(110.0, "need", [3, 1], id="10 s after a need of 3: needed"),
+    pytest.param(130.0, "need", [3, 1], id="30 s after: at the window's edge, still needed"),
+    pytest.param(131.0, "headroom", [1], id="31 s after: out of the window, headroom"),
+])
+def test_a_busy_replica_its_function_needed_within_the_delay_window_ranks_as_needed(at, rank, kept):
+    # at 100 s f0's two replicas (f7's slot made f0's) were busy the whole second: need 3, its
+    # second NEED. A look later they are busy 0.2 each: need 1, the second above it. Within the
+    # policy's 30 s scale-down delay the second still ranks as needed (lending.held_need), as f0's
+    # own policy would not scale it down yet; w's first replica takes it as such (a floor goes
+    # before need). Once the window has passed it is headroom
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {"f0": 1.0})
+    scaler.clock = lambda: 100.0
+    deployed = {f"f{i}": (_spec(f"f{i}", 1024), 1) for i in range(7)}
+    _tick(scaler, deployed, {})
+    assert [n for _, n in scaler.needs["f0"]] == [3]
+    _busy(scaler, {})
+    assert scaler._traffic_and_need()[1]["f0"] == 1
+    scaler.clock = lambda: at
+    _tick(scaler, {**deployed, "w": (_spec("w", 1024), 1)}, {"w": (1, "COLD_START")})
+    (took,) = [k["data"] for a, k in events if a[0] == "takeback"]
+    assert took["from"] == "f0" and took["rank"] == rank and backend.stopped == ["f7-8"]
+    assert [n for _, n in scaler.needs["f0"]] == kept
+
+
+def test_a_removed_functions_needs_are_forgotten():
+    # f0's needs are kept while it is deployed; removed, they go with its other state (its
+    # replicas, still serving while they drain, add none), so a function deployed again under
+    # its name is not ranked by the old one's need
+    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    _busy(scaler, {"f0": 1.0})
+    deployed = {f"f{i}": (_spec(f"f{i}", 1024), 1) for i in range(7)}
+    _tick(scaler, deployed, {})
+    assert [n for _, n in scaler.needs["f0"]] == [3]
+    _tick(scaler, {name: f for name, f in deployed.items() if name != "f0"}, {})
+    assert "f0" not in scaler.needs and not scaler.live("f0")
 
 
 def test_a_cold_functions_burst_takes_cheap_idle_slices_for_every_replica_it_asks():
