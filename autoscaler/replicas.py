@@ -197,8 +197,11 @@ class ReplicaScaler:
         changed = {}
         starts: list[tuple[str, FunctionSpec, int]] = []
         self._note_activity(self.clock())
-        if self.config.take_back:
-            self._note_needs(self.clock())
+        # each function's traffic and need from the replicas' last scrapes, read once a look: kept
+        # for the delay window and, with starts, what ranks the busy replicas they may take
+        measured = self._traffic_and_need() if self.config.take_back else None
+        if measured is not None:
+            self._note_needs(self.clock(), measured[1])
         moves: list[tuple[str, FunctionSpec, int]] = []
         for name, target in targets.items():
             if target.keep_alive_s is not None:
@@ -206,7 +209,7 @@ class ReplicaScaler:
             before = self._scale(name, target, starts, moves)
             if before is not None:
                 changed[name] = before
-        self._start(starts)
+        self._start(starts, measured)
         for move in moves:  # in the room the tick's starts left
             self._move(*move)
         for name, before in list(changed.items()):  # a start held short (no slice yet) changed nothing
@@ -287,7 +290,8 @@ class ReplicaScaler:
 
     # ------------------------------------------------------------------ starts, with slices lent back
 
-    def _start(self, starts: list[tuple[str, FunctionSpec, int]]) -> None:
+    def _start(self, starts: list[tuple[str, FunctionSpec, int]],
+               measured: tuple[dict[str, float], dict[str, float]] | None) -> None:
         """Place this tick's new replicas as autoscaler.lending.share grants them: first replicas of
         functions before further ones, then the most requests held first; one that does not fit
         takes slices back from other functions' idle replicas (`_idle`; drained and stopped, it
@@ -300,7 +304,8 @@ class ReplicaScaler:
         said (a `held_short` event, at most every 30 s per function, and a metric). The first of a
         function's asks that cannot be placed ends its tries for the tick, said once with the
         count left (the simulator's _start stops at its first too): a policy that asks for
-        hundreds more than fit (kpa's panic mode) costs one placement and one event a tick."""
+        hundreds more than fit (kpa's panic mode) costs one placement and one event a tick.
+        `measured`: the look's _traffic_and_need (None without take-backs)."""
         if not starts:
             return
         now = self.clock()
@@ -313,8 +318,8 @@ class ReplicaScaler:
         asks = want_asks([w for w, _, _ in wants.values()])
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
-        if self.config.take_back:  # busy replicas: ranked headroom or need, only a first replica takes one
-            traffic, need = self._traffic_and_need()
+        if measured is not None:  # busy replicas: ranked headroom or need, only a first replica takes one
+            traffic, need = measured
             ranked = {name: held_need(n, self.needs.get(name, ()), now, NEED_WINDOW_S) for name, n in need.items()}
             holds += self._busy_holds(traffic, ranked, {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
@@ -378,12 +383,12 @@ class ReplicaScaler:
         need = {name: need_of(work[name], DEFAULT_CONFIG.max_duty, traffic[name] > 0) for name in traffic}
         return traffic, need
 
-    def _note_needs(self, now: float) -> None:
-        """Each deployed function's need at this look (those of the last observe(): a removed
-        function's replicas still serve until they have drained), kept over the policy's
-        scale-down delay (as the simulator keeps each tick's: Simulation._needs), for
-        lending.held_need."""
-        need = {name: n for name, n in self._traffic_and_need()[1].items() if name in self._seen}
+    def _note_needs(self, now: float, needs: dict[str, float]) -> None:
+        """Each deployed function's need at this look (`needs`, _traffic_and_need's; only those of
+        the last observe(): a removed function's replicas still serve until they have drained),
+        kept over the policy's scale-down delay (as the simulator keeps each tick's:
+        Simulation._needs), for lending.held_need."""
+        need = {name: n for name, n in needs.items() if name in self._seen}
         cutoff = window_start(now, NEED_WINDOW_S)
         for name in set(need) | set(self.needs):
             kept = self.needs.setdefault(name, deque())
