@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from autoscaler.policy import cold_start_misses, window_start
 from autoscaler.placement import Demand, Placement, SliceCluster, Status
@@ -140,12 +140,21 @@ def idle_holds(idle: Sequence[Idle], now: float, max_scale_up_cost: float = 1.0
     return holds, found
 
 
-def want_asks(wants: Sequence[Want]) -> list[Ask]:
-    """The scaler's wants as asks: a function's first replica is its FLOOR; a further one HEADROOM,
-    whatever its function's need (ranked NEED live, the further replicas of two busy functions
-    took each other's replicas in turn: docs/benchmarks.md); the requests waiting order them
-    within."""
-    return [Ask(w.demand, FLOOR if w.first else HEADROOM, float(w.waiting), w.waiting) for w in wants]
+def want_asks(wants: Sequence[Want], ranked: Mapping[str, tuple[int, float]] | None = None) -> list[Ask]:
+    """The scaler's wants as asks: a function's first replica is its FLOOR, the requests waiting
+    ordering floors; a further one is ranked and valued as `ranked` has it by replica
+    (replica_rank at its function's need of now, as the simulator ranks its asks), HEADROOM by the
+    requests waiting where `ranked` has none (a function not yet measured). Ranked by need, the
+    further replicas of two busy functions took each other's in turn while a placed replica was
+    ranked by the need of the moment; held_need ended that (docs/benchmarks.md, "A needed further
+    replica live")."""
+    ranked = ranked or {}
+    asks = []
+    for w in wants:
+        rank, value = ((FLOOR, float(w.waiting)) if w.first
+                       else ranked.get(w.demand.replica, (HEADROOM, float(w.waiting))))
+        asks.append(Ask(w.demand, rank, value, w.waiting))
+    return asks
 
 
 # ---------------------------------------------------------------------- a full cluster shared

@@ -7,9 +7,10 @@ functions' idle replicas (autoscaler.lending chooses them), and a function's fir
 still cannot, with requests waiting, time-shares a device whose compute is held but mostly not
 busy (`SliceCluster.place_shared`, by the duty its replicas were scraped at), else takes a busy
 function's replica: its headroom above its need, read from its replicas' scrapes, else a needed
-one, never its floor; a ready replica on a larger slice than its policy now asks is moved (a
-replica on the asked slice starts, then the old one drains: lending.to_move); it reaps replicas
-that died or whose function went away, and backs off a function whose replicas fail to start.
+one, never its floor (a further replica within its function's need takes only headroom); a
+ready replica on a larger slice than its policy now asks is moved (a replica on the asked slice
+starts, then the old one drains: lending.to_move); it reaps replicas that died or whose function
+went away, and backs off a function whose replicas fail to start.
 Written against interfaces declared here and implemented in `deploy.local` (the backend) and
 `serving` (the gateway): imports neither.
 """
@@ -24,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -300,8 +301,10 @@ class ReplicaScaler:
         request) or a busy one could make room for time-shares a quiet device instead, if there is
         one (`_time_share`); else it takes them, lowest rank first: a busy function's replica above
         its need (its headroom: `_busy_holds`), then a kept one, then a busy function's needed
-        replica; never a floor. A further replica takes only cheap idle ones. One held short is
-        said (a `held_short` event, at most every 30 s per function, and a metric). The first of a
+        replica; never a floor. A further replica is ranked as the simulator ranks it
+        (_further_ranks): one within its function's need of now takes cheap idle replicas and
+        another busy function's headroom (a replica above that function's most need over the delay
+        window: held_need), one above it only cheap idle ones. One held short is said (a `held_short` event, at most every 30 s per function, and a metric). The first of a
         function's asks that cannot be placed ends its tries for the tick, said once with the
         count left (the simulator's _start stops at its first too): a policy that asks for
         hundreds more than fit (kpa's panic mode) costs one placement and one event a tick.
@@ -315,16 +318,17 @@ class ReplicaScaler:
             want = Want(self.demand_for(spec, f"{name}-{next(self._ids)}"), self.router.held(name), name in first)
             wants[want.demand.replica] = (want, spec, rev)
             first.discard(name)
-        asks = want_asks([w for w, _, _ in wants.values()])
+        asks = want_asks([w for w, _, _ in wants.values()],
+                         self._further_ranks(wants.values(), *measured) if measured is not None else None)
         holds, found = (idle_holds(self._idle(now, {name for name, _, _ in starts}), now) if self.config.take_back
                         else ([], {}))  # nothing taken back: the same order, every ask as it fits
-        if measured is not None:  # busy replicas: ranked headroom or need, only a first replica takes one
+        if measured is not None:  # busy replicas: ranked headroom or need by their function's held need
             traffic, need = measured
             ranked = {name: held_need(n, self.needs.get(name, ()), now, NEED_WINDOW_S) for name, n in need.items()}
             holds += self._busy_holds(traffic, ranked, {h.replica for h in holds})
         # first replicas: what is cheap to take first; then a quiet device time-shared; then what was
-        # kept, or busy above or within its function's need. Further replicas (headroom) only ever
-        # take cheap idle ones: they go in the last pass, after them
+        # kept, or busy above or within its function's need. Further replicas go in the last pass,
+        # after them: a needed one takes idle replicas and busy headroom, headroom only idle ones
         pools = [[h for h in holds if h.rank == IDLE], holds] if self.config.time_share_busy > 0 else [holds]
         later = [a for a in asks if not wants[a.demand.replica][0].first] if len(pools) > 1 else []
         asks = [a for a in asks if a not in later]
@@ -353,6 +357,29 @@ class ReplicaScaler:
                     else:  # says why
                         unplaced.add(name)
             asks = [a for a in asks if a.demand.replica in short]
+
+    def _further_ranks(self, wants: Iterable[tuple[Want, FunctionSpec, int]], traffic: dict[str, float],
+                       need: dict[str, float]) -> dict[str, tuple[int, float]]:
+        """Each further replica's rank and value as the simulator ranks its asks
+        (lending.replica_rank: the k-th of its function, k counting its live replicas and then
+        this tick's asks in turn, at the function's need of now, the cold start measured), by
+        replica; none for a function not measured yet (no replica scraped twice): want_asks
+        ranks it headroom. E.g. f at 40 requests a second needing 2, with one replica, asks two
+        more: the 2nd NEED, the 3rd HEADROOM."""
+        ranked: dict[str, tuple[int, float]] = {}
+        placed: dict[str, int] = {}
+        for want, spec, _ in wants:
+            name = want.demand.function
+            if name not in traffic:
+                continue
+            k = placed.get(name, len(self.live(name))) + 1
+            placed[name] = k
+            if want.first:
+                continue
+            ranked[want.demand.replica] = replica_rank(
+                k, traffic[name], need[name], float(want.demand.fraction),
+                self.cold_starts.get(name, DEFAULT_CONFIG.default_cold_start_s), spec.scaling.slo_p95_ms / 1000.0)
+        return ranked
 
     def _traffic_and_need(self) -> tuple[dict[str, float], dict[str, float]]:
         """Per function with ready replicas scraped twice: the requests a second that reached its
@@ -435,7 +462,7 @@ class ReplicaScaler:
             device = self.replicas[v.replica].placement.device
             if v.replica in found:  # idle: priced by its take-back cost
                 task = self._take_back(TakeBack(found[v.replica][0], want.demand, want.waiting, *found[v.replica][1]))
-            else:  # busy: only a first replica takes one
+            else:  # busy: a first replica's, or a needed further replica's (headroom)
                 task = self._take_busy(v, want)
             if not device.emulated:  # a real device's memory is free once the victim stopped
                 stopping.append(task)
@@ -544,13 +571,15 @@ class ReplicaScaler:
                           {"waiting": tb.waiting, "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
 
     def _take_busy(self, hold: Hold, want: Want) -> asyncio.Task:
-        """A busy victim of a lower rank than the ask, a function's first replica (lending.share):
-        _take. Its requests in flight finish in the drain; its function's next look sees one
-        replica fewer and asks again."""
+        """A busy victim of a lower rank than the ask (lending.share): another function's headroom
+        or need for a function's first replica, its headroom for a replica within a function's
+        need: _take. Its requests in flight finish in the drain; its function's next look sees
+        one replica fewer and asks again."""
         victim = self.replicas[hold.replica]
+        mine = "its first replica" if want.first else "a replica within its need"
         return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} late requests per slice if lost",
                           f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
-                          f"slices or idle replicas alone; its first replica goes before another function's "
+                          f"slices or idle replicas alone; {mine} goes before another function's "
                           f"{RANKS[hold.rank]}",
                           {"waiting": want.waiting, "rank": RANKS[hold.rank], "value": hold.value})
 

@@ -1489,11 +1489,11 @@ class Simulation:
         placed now. As the live controller does (ReplicaScaler._start), a first replica with
         requests waiting takes only idle replicas at first; one that cannot time-shares a quiet
         device (_time_share) before it may take more; and only a first replica takes a kept one
-        (share's rule; live no further ask could take one, since all are headroom there), which
-        a further replica took before, ranked by need here: on the saturated cluster at seed 3 a
-        whisper-tiny function at 90 requests a second, quiet for one tick, lost both its
-        replicas to other functions' needed ones and started again cold. A needed further
-        replica here still takes busy headroom (live: idle replicas only), headroom by its
+        (share's rule, live alike), which a further replica took before, ranked by need here: on
+        the saturated cluster at seed 3 a whisper-tiny function at 90 requests a second, quiet
+        for one tick, lost both its replicas to other functions' needed ones and started again
+        cold. A needed further
+        replica takes busy headroom (live too: ReplicaScaler._further_ranks), headroom by its
         function's most need over the policy's delay window (lending.held_need over _needs; an
         ask by the need of now). Those held short are counted per function."""
         short, self._short = self._short, {}
