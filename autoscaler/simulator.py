@@ -548,7 +548,8 @@ class Simulation:
         self._need_window_s = float(getattr(getattr(policy, "config", None), "scale_down_delay_s",
                                             DEFAULT_CONFIG.scale_down_delay_s))
         self._in_tick = False
-        self._asking = (-1, 0)  # a look between ticks: its function and the requests held for it
+        self._asking = (-1, 0, 0.0)  # a look between ticks: its function, the requests held for it, when
+        self._arriving: tuple[np.ndarray, np.ndarray] | None = None  # the tick's arrivals while _hold_cold looks
         self._fid_of = {name: i for i, name in enumerate(self._names)}
         self._rate_count, self._rate_seconds = np.zeros(n), np.zeros(n)
         self._active_at = np.full(n, -np.inf)
@@ -660,13 +661,16 @@ class Simulation:
         requests to serve now (with earlier held ones whose first replica is ready in the tick)."""
         cold = self.n_srv[f] == 0
         if cold.any():
-            cold_f, first = np.unique(f[cold], return_index=True)
-            cold_a = a[cold]
+            _, first = np.unique(f[cold], return_index=True)
+            cold_a, cold_fids = a[cold], f[cold]
             self.cold_requests += int(cold.sum())
-            for fid, i in zip(cold_f.tolist(), first.tolist()):
+            self._arriving = (a, f)  # what the gateway holds at each look: _traffic_and_need
+            for i in np.sort(first).tolist():  # in the order their first requests came
+                fid = int(cold_fids[i])
                 if self.n_srv[fid] == 0 and self.policy.reactive:
                     waiting = len(self.held.get(fid, ())) + 1
                     self._decide(fid, float(cold_a[i]), activator_queue=waiting)
+            self._arriving = None
         unready = self._unready(t0 + self.config.tick_s)  # after the looks above: their starts count
         if not self.held and not cold.any() and unready is None:
             return a, f
@@ -1291,13 +1295,14 @@ class Simulation:
         ready = sum(1 for s in mine if self.servers.ready_at[s] <= now)
         if ready and not self._measured[fid]:
             self._measure_cold((fid,))
-        self._asking = (fid, activator_queue)  # the requests a replica it cannot place waits for (_share_out)
+        self._asking = (fid, activator_queue, now)  # the requests a replica it cannot place waits for (_share_out)
         self._look(fid, self.policy.snapshot_type(self._names[fid], now, ready=ready, starting=len(mine) - ready,
                                                   activator_queue=activator_queue, cold_start_s=self._cold[fid],
                                                   slice_fraction=self._slice_of[fid],
                                                   deployed_slice=self.profiles[fid].slice_fraction,
                                                   batch_latency_s=self._tables[fid]),  # as learned so far
                    now)
+        self._asking = (-1, 0, 0.0)  # this look only: kept, a tick's end read its requests as held for ever
 
     def _look(self, fid: int, snapshot: MetricsSnapshot, now: float) -> None:
         """The policy's decision on `snapshot`, applied; when the policy may leave the function
@@ -1592,13 +1597,24 @@ class Simulation:
     def _traffic_and_need(self) -> tuple[np.ndarray, np.ndarray]:
         """Per function, the requests per second of the last tick with those held, and the replicas
         that carry its work at the policy's max duty (busy seconds / (tick x duty), at least one
-        while requests come). E.g. 0.45 s of service in a 1 s tick at duty 0.9: 1 replica; 2.0 s: 3."""
+        while requests come). E.g. 0.45 s of service in a 1 s tick at duty 0.9: 1 replica; 2.0 s: 3.
+        At a look between ticks (a function's first request, _hold_cold) those held are what the
+        gateway holds then: the tick's requests come so far to functions with no replica ready,
+        as well as those held before; so a replica another function's look started a moment
+        earlier in the tick, its request waiting for it, is that function's floor, not idle."""
         dt = self.config.tick_s
         held = np.zeros(len(self.slots))
         for fid, waiting in self.held.items():
             held[fid] = len(waiting)
         if not self._in_tick and self._asking[0] >= 0:  # a look between ticks: its requests are not held yet
-            held[self._asking[0]] = max(held[self._asking[0]], self._asking[1])
+            fid, asking, now = self._asking
+            if self._arriving is not None:
+                a, f = self._arriving
+                srv = self.servers
+                ready = np.bincount(srv.fid[srv.alive & (srv.ready_at <= now)], minlength=len(self.slots))
+                come = f[a <= now]
+                held += np.bincount(come[ready[come] == 0], minlength=len(self.slots))
+            held[fid] = max(held[fid], asking)
         traffic = (self.tick_n + held) / dt
         duty = getattr(getattr(self.policy, "config", None), "max_duty", DEFAULT_CONFIG.max_duty)
         return traffic, need_of(self.tick_busy / dt, duty, traffic > 0)

@@ -1181,6 +1181,34 @@ def test_an_idle_replica_gives_its_slice_to_a_function_at_zero_in_the_same_tick(
         assert record["takebacks"] == {} and record["unplaceable"] > 0 and sim.n_srv.tolist() == [1, 0]
 
 
+def test_a_replica_started_in_the_tick_for_a_waiting_request_is_its_functions_floor():
+    """One GPU, two functions at zero: f1's first request at 10.3 s, f0's at 10.6 s, the same
+    tick. f1's look (the first request's) places its replica; at f0's, f1's request waits at the
+    gateway for that starting replica, so it is f1's floor, and f0 is held short. f1's replica is
+    ready at 12.3 s and answers; quiet since, it is kept, and f0's floor takes it at 14 s (ready
+    at 16 s: 5.41 s for f0's request). Before, the looks went by function (f0's first) and read
+    only the asking function's requests as held: f0's starting replica, its request not yet
+    counted, was idle at no cost, f1 took it at 10.3 s and f0's request waited to the end."""
+    sim = Recording(trace_of([10.3, 10.6], [1, 0], duration=20.0, functions=2), [WHOLE, WHOLE],
+                    keeping(), SimConfig(gpus=1))
+    record = sim.run()
+    assert ms(sim.latencies) == pytest.approx([2010.0, 5410.0])  # f1 through its cold start, then f0
+    assert record["takebacks"] == {"kept": 1} and record["timed_out"] == 0
+    assert record["held_short_by_rank"] == {"floor": 4}  # f0 at 10.6 s and the ends of ticks 11-13 s
+
+
+def test_a_look_between_ticks_counts_its_held_requests_for_that_look_only():
+    """f0's one request at 10.3 s is held through its cold start (ready at 12.3 s) and answered;
+    no other comes. From the tick after it was answered its need is 0, so its kept replica ranks
+    by its take-back cost. Before, the look at 10.3 s left its held request behind: every tick's
+    end read f0 as one request waiting, need 1, to the run's end."""
+    sim = Recording(trace_of([10.3], [0], duration=45.0, functions=1), [WHOLE], keeping(), SimConfig(gpus=1))
+    sim.run()
+    assert ms(sim.latencies) == pytest.approx([2010.0])
+    assert sim._needs and all(need.tolist() == [0] for _, need in sim._needs)  # the last 30 s: 16 .. 45 s
+    assert sim._traffic_and_need()[0].tolist() == [0.0]
+
+
 def test_a_busy_function_keeps_its_replica_and_the_newcomer_is_held_short():
     """As above, but f0 serves a request every 0.2 s to the end: its one replica is its floor,
     never taken; f1's first replica is held short at its request (40.5 s) and at the end of
