@@ -23,6 +23,7 @@ Pure: stdlib, placement and policy's cold_start_misses; no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
@@ -193,6 +194,15 @@ def held_need(need: Any, past: Iterable[tuple[float, Any]], now: float, window_s
         if at > cutoff:
             most = (most >= then) * most + (most < then) * then
     return most
+
+
+def trim_to_window(kept: deque, now: float, window_s: float) -> None:
+    """Drop from the front of `kept`, (at, ...) pairs oldest first, those outside the window of
+    `window_s` ending at `now` (held_need's edge: policy.window_start), so a deque of past needs
+    holds only what held_need reads; the simulator's and the scaler's alike."""
+    cutoff = window_start(now, window_s)
+    while kept and kept[0][0] <= cutoff:
+        kept.popleft()
 
 
 def replica_rank(k: int, rate: float, need: float, slice_fraction: float, cold_start_s: float,

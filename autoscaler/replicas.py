@@ -31,13 +31,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.lending import (
     HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, held_need, idle_holds, need_of,
-    observe_rate, replica_rank, share, to_move, want_asks,
+    observe_rate, replica_rank, share, to_move, trim_to_window, want_asks,
 )
 from autoscaler.loop import EventSink, Fleet, Target
 from autoscaler.metrics import ReplicaStat, duty_cycle, request_rate
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.placement import Demand, Inventory, Placement, SliceCluster, Status, Unplaceable
-from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision, window_start
+from autoscaler.policy import DEFAULT_CONFIG, ScaleDecision
 from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
@@ -304,7 +304,8 @@ class ReplicaScaler:
         replica; never a floor. A further replica is ranked as the simulator ranks it
         (_further_ranks): one within its function's need of now takes cheap idle replicas and
         another busy function's headroom (a replica above that function's most need over the delay
-        window: held_need), one above it only cheap idle ones. One held short is said (a `held_short` event, at most every 30 s per function, and a metric). The first of a
+        window: held_need), one above it only cheap idle ones. One held short is said (a
+        `held_short` event, at most every 30 s per function, and a metric). The first of a
         function's asks that cannot be placed ends its tries for the tick, said once with the
         count left (the simulator's _start stops at its first too): a policy that asks for
         hundreds more than fit (kpa's panic mode) costs one placement and one event a tick.
@@ -416,13 +417,11 @@ class ReplicaScaler:
         kept over the policy's scale-down delay (as the simulator keeps each tick's:
         Simulation._needs), for lending.held_need."""
         need = {name: n for name, n in needs.items() if name in self._seen}
-        cutoff = window_start(now, NEED_WINDOW_S)
         for name in set(need) | set(self.needs):
             kept = self.needs.setdefault(name, deque())
             if name in need:
                 kept.append((now, need[name]))
-            while kept and kept[0][0] <= cutoff:
-                kept.popleft()
+            trim_to_window(kept, now, NEED_WINDOW_S)
             if not kept:
                 del self.needs[name]
 

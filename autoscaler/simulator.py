@@ -32,7 +32,7 @@ from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
 from autoscaler.lending import (
     FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, held_need, need_of, replica_rank, share, takeback_cost,
-    to_move,
+    to_move, trim_to_window,
 )
 from autoscaler.loop import Memory, policy_table
 from autoscaler.metrics import LATENCY_BUCKETS_S, fractions_over, quantiles
@@ -661,8 +661,8 @@ class Simulation:
         requests to serve now (with earlier held ones whose first replica is ready in the tick)."""
         cold = self.n_srv[f] == 0
         if cold.any():
-            _, first = np.unique(f[cold], return_index=True)
             cold_a, cold_fids = a[cold], f[cold]
+            _, first = np.unique(cold_fids, return_index=True)
             self.cold_requests += int(cold.sum())
             self._arriving = (a, f)  # what the gateway holds at each look: _traffic_and_need
             for i in np.sort(first).tolist():  # in the order their first requests came
@@ -1246,8 +1246,7 @@ class Simulation:
         if self._lends:
             self._note_activity(t1)
             self._needs.append((t1, self._traffic_and_need()[1]))
-            while self._needs and self._needs[0][0] <= policy.window_start(t1, self._need_window_s):
-                self._needs.popleft()
+            trim_to_window(self._needs, t1, self._need_window_s)
         self._in_tick = True  # replicas that do not fit wait for the tick's end (_share_out)
         self._look_each(live, ready[live], t1)
         waiting = np.array([x for x in self.held if self.n_srv[x] == 0], np.int64)
@@ -1497,10 +1496,9 @@ class Simulation:
         (share's rule, live alike), which a further replica took before, ranked by need here: on
         the saturated cluster at seed 3 a whisper-tiny function at 90 requests a second, quiet
         for one tick, lost both its replicas to other functions' needed ones and started again
-        cold. A needed further
-        replica takes busy headroom (live too: ReplicaScaler._further_ranks), headroom by its
-        function's most need over the policy's delay window (lending.held_need over _needs; an
-        ask by the need of now). Those held short are counted per function."""
+        cold. A needed further replica takes busy headroom (live too:
+        ReplicaScaler._further_ranks), headroom by its function's most need over the policy's
+        delay window (lending.held_need over _needs; an ask by the need of now). Those held short are counted per function."""
         short, self._short = self._short, {}
         traffic, need = self._traffic_and_need()
         asks = []
