@@ -147,7 +147,7 @@ def want_asks(wants: Sequence[Want], ranked: Mapping[str, tuple[int, float]] | N
     (replica_rank at its function's need of now, as the simulator ranks its asks), HEADROOM by the
     requests waiting where `ranked` has none (a function not yet measured). Ranked by need, the
     further replicas of two busy functions took each other's in turn while a placed replica was
-    ranked by the need of the moment; held_need ended that (docs/benchmarks.md, "A needed further
+    ranked by the need of the moment; held_need ended that (docs/policy-changes.md, "A needed further
     replica live")."""
     ranked = ranked or {}
     asks = []
@@ -184,7 +184,7 @@ def held_need(need: Any, past: Iterable[tuple[float, Any]], now: float, window_s
     needed within the window would not yet be scaled down by its own policy, so it is no
     headroom to another's ask either: ranked by the need of the moment, a bursty function's
     further replica was taken between its bursts and started again cold for the next
-    (docs/benchmarks.md, "A replica needed within the delay window is no headroom"). An ask
+    (docs/policy-changes.md, "A replica needed within the delay window is no headroom"). An ask
     keeps the need of now.
     // now 41, need 2, past ((10, 1), (25, 3)): window 30 s holds 25's 3; window 16 s too (25 is
     // at its edge); window 10 s: 2"""

@@ -181,7 +181,7 @@ def policy_table(table: BatchTable, max_rows: int = 1) -> BatchTable:
     and largest sizes. A batcher with no queue delay runs the batches its load forms, so
     replicas that never had more than two requests queued teach nothing of batches of 8;
     sized on what they taught, the load is spread thinner and the batches get smaller still
-    (docs/benchmarks.md, "shoal up's batcher"). The line overstates a batch that grows cheaper
+    (docs/policy-changes.md, "shoal up's batcher"). The line overstates a batch that grows cheaper
     per row, and a larger batch, once one runs, is learned; two sizes close together carry
     their timing noise far (docs/benchmarks.md says how far). A table that reached half the
     largest batch, or whose larger size ran no slower, is read as learned. E.g. ((1, .040),

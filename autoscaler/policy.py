@@ -61,7 +61,7 @@ class PolicyConfig:
     max_spare: int = 4  # spare replicas the error budget may add
     # the budget counts the gateway's answers and leaves out those of a start from zero, at any
     # tick phase (_budget_sample); off: the replicas' rps, which counts them at some phases
-    # only. Off by the bench's rule (docs/benchmarks.md, "The error budget and a start from zero")
+    # only. Off by the bench's rule (docs/policy-changes.md, "The error budget and a start from zero")
     budget_skips_starts: bool = False
     keep_alive_max_s: float = 300.0  # the idle gaps' p90 may keep a replica this long at most (0: off)
     miss_price_slice_s: float = 20.0  # a request that misses its SLO in a cold start is worth this many

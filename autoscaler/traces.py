@@ -91,7 +91,7 @@ class Trace:
         dropped: the same traffic at another phase of a controller's ticks. E.g. arrivals at 0.2
         and 9.95 s of a 10 s trace, shifted 0.1 s: one arrival, at 0.3 s. The configured rates
         stay; `params["shift_s"]` adds up the shifts. Over-full clusters are chaotic in it
-        (docs/benchmarks.md, "The ticks' phase")."""
+        (docs/policy-changes.md, "The ticks' phase")."""
         seconds = _number("seconds", seconds, lo=0.0)
         times = self.times + seconds
         keep = times < self.duration_s

@@ -7,7 +7,7 @@ Shoal is on the family's frontier there when no setting beats it. Beside each ve
 fewest slice-seconds at Shoal's SLO or better, and its best SLO at Shoal's slice-seconds or fewer.
 The peers get their whole grid on the reported seeds, each cell its best setting after the fact,
 which no user could choose in advance: a reading of the comparison that favours them, not a
-tuning. Simulated, no GPU figure; results: docs/benchmarks.md, "Every peer setting beside Shoal".
+tuning. Simulated, no GPU figure; results: docs/policy-changes.md, "Every peer setting beside Shoal".
 
     python -m loadtests.bench.frontier --seeds 1,2 [--batcher exact] [--traces real-4x] [--json OUT]
 """

@@ -7,7 +7,7 @@ where Shoal holds fewer slice-seconds than both tuned peers at an SLO as good, m
 number; the mean SLO (cells named in `--leave-out` left out) may fall by at most `--slo-slack`
 points; the slice-seconds summed over the same cells must fall by at least `--min-saving`. It is
 how Shoal's own defaults face the check the baselines got (loadtests/bench/calibrate.py): on seeds
-that are not reported. Simulated, no GPU figure; results: docs/benchmarks.md, "Shoal's knobs".
+that are not reported. Simulated, no GPU figure; results: docs/policy-changes.md, "Shoal's knobs".
 
     python -m loadtests.bench.knobs --seeds 3,4 --set sdd15=scale_down_delay_s:15 --set md95=max_duty:0.95 [--json OUT]
 """
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="NAME=knob:value[,knob:value]")
     p.add_argument("--leave-out", default="gamma-cv4-40:3",
                    help="trace:seed cells left out of the mean SLO and the slice-seconds (default gamma-cv4-40:3, "
-                        "whose phase alone moves it 1.75 points: docs/benchmarks.md, \"The ticks' phase\")")
+                        "whose phase alone moves it 1.75 points: docs/policy-changes.md, \"The ticks' phase\")")
     p.add_argument("--slo-slack", type=float, default=0.01, help="points the mean SLO may fall (default 0.01)")
     p.add_argument("--min-saving", type=float, default=0.02, help="share of slice-seconds to save (default 0.02)")
     p.add_argument("--json", type=Path, default=None)

@@ -3,7 +3,7 @@ alone on one trace of loadtests/bench/policy.py at one seed and batcher, its arr
 later by each of the given milliseconds (Trace.shifted: the same traffic at another phase of the
 controller's ticks), and the SLO attainment and slice-seconds of each are printed with their range
 and mean. A change judged on a cell whose own range is wider than the change's effect has not
-been judged on it. Simulated, no GPU figure; results: docs/benchmarks.md, "The ticks' phase".
+been judged on it. Simulated, no GPU figure; results: docs/policy-changes.md, "The ticks' phase".
 
     python -m loadtests.bench.phase TRACE [--seed 3] [--batcher rule|exact] [--shifts-ms 0,1,2,5,10,20,50] [--json OUT]
 """
