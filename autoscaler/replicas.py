@@ -42,6 +42,7 @@ from functions.spec import LIMITS, FunctionSpec, same_runtime
 
 log = logging.getLogger("shoal.controller")
 MOVE_RETRY_S = 60.0  # a replica that failed to start on a smaller slice: the next move not before this
+UNSERVED_GRACE_S = 1.0  # SIGTERM to SIGKILL for a replica that serves nothing: never ready, or failed
 # a busy replica is ranked by its function's most need over this (lending.held_need): the delay
 # window of the policy's defaults, as need_of's max duty is read from them (the simulator reads
 # both from the policy it runs)
@@ -95,6 +96,8 @@ class Replica:
     active_at: float = 0.0  # when a scrape last saw it answer or hold a request (from ready on)
     counted: float = 0.0  # its answered requests already added to its function's rate
     moving_from: str | None = None  # the replica it replaces on a smaller slice, until it is ready (_move)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set once stopped or failed
+    stop_reason: str = ""  # why it stops, where its bring-up says it (a start called off: _take)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,21 +429,27 @@ class ReplicaScaler:
                 del self.needs[name]
 
     def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
-        """The ready replicas of functions with requests, but for the idle ones (`idle`: idle_holds
-        has them), ranked by what they serve (lending.replica_rank, `need` each function's most
-        over the policy's delay window: lending.held_need): a function's busy replicas
-        counted first, ready oldest first, its idle ones last, so its newest busy ones are its
-        headroom and a busy one is its floor while it has one (two asks in a tick cannot take an
-        idle replica and its busy floor both). Only NEED and HEADROOM ones: a floor is never taken,
-        and one a window of no requests would rank idle is not lent here (_idle says when one is).
-        A starting replica is not taken: its start is under way."""
+        """The replicas, ready or starting, of functions with requests, but for the idle ones
+        (`idle`: idle_holds has them), ranked by what they serve (lending.replica_rank, `need`
+        each function's most over the policy's delay window: lending.held_need): a function's
+        busy replicas counted first, ready oldest first, its idle ones last, so its newest busy
+        ones are its headroom and a busy one is its floor while it has one (two asks in a tick
+        cannot take an idle replica and its busy floor both). Only NEED and HEADROOM ones: a floor
+        is never taken, and one a window of no requests would rank idle is not lent here (_idle
+        says when one is).
+        A replica still starting counts after the busy ready ones, as the simulator counts it
+        after the ready ones (Simulation._holds), so it is its function's newest busy one: taken,
+        its start is called off (_take). (Before an idle ready one, unlike the simulator: a
+        function with an idle replica and one starting keeps the starting one as its floor, and
+        the idle one may be lent.) One that takes over from another (_move) is not ranked."""
         mine: dict[str, list[Replica]] = {}
         for r in self.replicas.values():
-            if r.state == "ready" and r.id in self.cluster and traffic.get(r.function, 0.0) > 0:
+            if (r.state in ("starting", "ready") and r.moving_from is None and r.id in self.cluster
+                    and traffic.get(r.function, 0.0) > 0):
                 mine.setdefault(r.function, []).append(r)
         holds = []
         for name, replicas in mine.items():
-            replicas.sort(key=lambda r: (r.id in idle, r.ready_at or 0.0, r.created_at))
+            replicas.sort(key=lambda r: (r.id in idle, r.state != "ready", r.ready_at or 0.0, r.created_at))
             cold_s = self.cold_starts.get(name, DEFAULT_CONFIG.default_cold_start_s)
             newest = max((r for r in replicas if r.spec is not None), key=lambda r: r.revision, default=None)
             if newest is None:
@@ -576,14 +585,18 @@ class ReplicaScaler:
         one replica fewer and asks again."""
         victim = self.replicas[hold.replica]
         mine = "its first replica" if want.first else "a replica within its need"
-        return self._take(victim, want.demand, f"{RANKS[hold.rank]}, {hold.value:.1f} late requests per slice if lost",
+        starting = ", still starting" if victim.state == "starting" else ""
+        return self._take(victim, want.demand,
+                          f"{RANKS[hold.rank]}{starting}, {hold.value:.1f} late requests per slice if lost",
                           f"{want.waiting} request(s) of {want.demand.function} waiting and no room from free "
                           f"slices or idle replicas alone; {mine} goes before another function's "
                           f"{RANKS[hold.rank]}",
                           {"waiting": want.waiting, "rank": RANKS[hold.rank], "value": hold.value})
 
     def _take(self, victim: Replica, demand: Demand, what: str, why: str, data: dict) -> asyncio.Task:
-        """Stop routing to the victim and free its slice now; drain and stop it in a task; say so."""
+        """Stop routing to the victim and free its slice now; drain and stop it in a task (one
+        still starting: its start called off, _call_off); say so."""
+        starting = victim.state == "starting"
         victim.state = "draining"
         self.cluster.release(victim.id)
         taker = demand.function
@@ -593,7 +606,19 @@ class ReplicaScaler:
                     f"{victim.function} ({victim.id}, {what}): {why}",
                     function=taker, data={"from": victim.function, "replica": victim.id, "for": demand.replica,
                                           "device": victim.placement.device.id, **data})
+        if starting:
+            victim.stop_reason = f"its start called off: slice taken back by {taker}"
+            return self._spawn_task(self._call_off(victim))
         return self._spawn_task(self._drain_and_stop(victim, f"slice taken back by {taker}"))
+
+    async def _call_off(self, replica: Replica) -> None:
+        """A replica taken back while it starts: its process stopped now (no grace: it serves
+        nothing), so its wait for ready ends, and done once its bring-up has finished the stop
+        (_bring_up sees the state), so a real device's memory is free for the replica placed on
+        its slice."""
+        if replica.handle is not None and not replica.stopped.is_set() and self.backend.exited(replica.handle) is None:
+            await self.backend.stop(replica.handle, UNSERVED_GRACE_S)
+        await replica.stopped.wait()
 
     def slice_for(self, spec: FunctionSpec) -> Fraction:
         return self.slices.get(spec.name, Fraction(spec.slice.fraction))
@@ -737,11 +762,19 @@ class ReplicaScaler:
         await self._finish_stop(replica, reason)
 
     async def _finish_stop(self, replica: Replica, reason: str) -> None:
-        if replica.handle is not None:
-            await self.backend.stop(replica.handle, self.config.stop_grace_s)
-        replica.state = "stopped"
-        self.cluster.release(replica.id)
-        self.replicas.pop(replica.id, None)
+        """Stop its process (not again if _call_off has), free its slice, forget it, say so; a
+        replica never ready is stopped without the grace in-flight requests get, and one whose
+        stop fails is still freed and forgotten (_call_off waits for this)."""
+        reason = replica.stop_reason or reason
+        try:
+            if replica.handle is not None and self.backend.exited(replica.handle) is None:
+                grace = self.config.stop_grace_s if replica.ready_at is not None else UNSERVED_GRACE_S
+                await self.backend.stop(replica.handle, grace)
+        finally:
+            replica.state = "stopped"
+            replica.stopped.set()
+            self.cluster.release(replica.id)
+            self.replicas.pop(replica.id, None)
         self.events("replica_stopped", f"{replica.id} stopped ({reason})", function=replica.function,
                     data={"replica": replica.id, "reason": reason})
 
@@ -750,10 +783,13 @@ class ReplicaScaler:
             self.no_move_before[replica.function] = self.clock() + MOVE_RETRY_S
         replica.state = "failed"
         self.router.remove_endpoint(replica.function, replica.id)
-        if replica.handle is not None and self.backend.exited(replica.handle) is None:
-            await self.backend.stop(replica.handle, 1.0)
-        self.cluster.release(replica.id)
-        self.replicas.pop(replica.id, None)
+        try:
+            if replica.handle is not None and self.backend.exited(replica.handle) is None:
+                await self.backend.stop(replica.handle, UNSERVED_GRACE_S)
+        finally:
+            self.cluster.release(replica.id)
+            self.replicas.pop(replica.id, None)
+            replica.stopped.set()
         self.events("replica_failed", message, function=replica.function, data={"replica": replica.id})
 
     def _reap(self, functions: dict[str, tuple[FunctionSpec, int]]) -> None:

@@ -648,11 +648,13 @@ def test_a_slow_restarting_functions_headroom_is_kept_over_a_busier_ones():
 
 
 def _busy(scaler, duty: dict[str, float]) -> None:
-    """Every replica with a request in flight (nothing idle to lend), busy `duty[function]` of the
-    last 1 s (0.2 where not given), each request arrived in that second; f7's replica becomes f0's
-    second: f0 at 0.2 + 0.2 busy needs one replica (ceil(0.4 / 0.9)), so that second one is its
+    """Every ready replica with a request in flight (nothing idle to lend), busy `duty[function]` of
+    the last 1 s (0.2 where not given), each request arrived in that second; f7's replica becomes
+    f0's second: f0 at 0.2 + 0.2 busy needs one replica (ceil(0.4 / 0.9)), so that second one is its
     headroom."""
     for r in scaler.replicas.values():
+        if r.state != "ready":
+            continue
         if r.function == "f7":
             r.function, r.spec = "f0", _spec("f0", 1024)
         r.stats = [ReplicaStat(r.id, 99.0, completed=r.stats[-1].completed),
@@ -829,17 +831,85 @@ def test_a_busy_replica_stays_its_functions_floor_beside_an_idle_one():
     assert [a[0] for a, _ in events if a[0] in ("takeback", "held_short")] == ["takeback", "held_short"]
 
 
-def test_a_replica_still_starting_is_not_taken():
-    # f0's second replica (f7's slot) is still starting: not taken, though it is above f0's need;
-    # w's first replica is held short
-    scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
-    _busy(scaler, {})
-    (second,) = [r for r in scaler.live("f0") if r.id == "f7-8"]
-    second.state = "starting"
-    assert scaler._busy_holds(*scaler._traffic_and_need(), set()) == []
-    _apply_w(scaler, memory_mib=1024)
-    assert not scaler.live("w") and backend.stopped == []
-    assert [a[0] for a, _ in events if a[0] in ("takeback", "held_short")] == ["held_short"]
+class _LoadingBackend(_Backend):
+    """A replica named in `loading` loads its model until it is stopped, and then its wait for
+    ready fails, as a process stopped while it starts does (deploy.local's wait_ready)."""
+
+    def __init__(self, loading: set[str]):
+        super().__init__()
+        self.loading = loading
+        self.halted: dict[str, asyncio.Event] = {}
+        self.graces: list[float] = []
+
+    async def wait_ready(self, handle, timeout_s):
+        if handle.id in self.loading:
+            await self.halted.setdefault(handle.id, asyncio.Event()).wait()
+            raise RuntimeError("exited with status -15")
+        return 0.5, 2.0
+
+    async def stop(self, handle, grace_s):
+        await super().stop(handle, grace_s)
+        self.graces.append(grace_s)
+        self.halted.setdefault(handle.id, asyncio.Event()).set()
+
+    def exited(self, handle):
+        return -15 if handle.id in self.halted and self.halted[handle.id].is_set() else None
+
+
+def test_a_replica_still_starting_above_its_functions_need_is_taken_and_its_start_called_off():
+    # f0's second replica is still loading when w's first replica finds nothing free or idle
+    # (time-sharing off): counted after f0's ready one, as the simulator counts it
+    # (Simulation._holds), it is f0's newest and above f0's need of one: headroom. w takes it; its
+    # process is stopped at once, which ends its wait for ready, and w is placed on its slice
+    scaler, _, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+
+    async def run():
+        (f7,) = scaler.live("f7")
+        await scaler.stop_replica(f7, "make room")
+        scaler.backend = backend = _LoadingBackend({"f0-9"})
+        starting = asyncio.ensure_future(scaler.start_replica("f0", _spec("f0", 1024), 1))
+        await asyncio.sleep(0)
+        (second,) = [r for r in scaler.live("f0") if r.id == "f0-9"]
+        assert second.state == "starting"
+        _busy(scaler, {})
+        traffic, need = scaler._traffic_and_need()
+        assert need["f0"] == 1
+        assert [(h.replica, RANKS[h.rank]) for h in scaler._busy_holds(traffic, need, set())] == [("f0-9", "headroom")]
+        second.moving_from = "f0-1"  # one starting to take over from another (_move) is not ranked
+        assert scaler._busy_holds(traffic, need, set()) == []
+        second.moving_from = None
+        await scaler.apply({"w": Target(_spec("w", 1024), 1, 1, ScaleDecision(1, "COLD_START"))})
+        await asyncio.gather(starting, *scaler._tasks)
+        return backend, second, starting.result()
+
+    backend, second, started = asyncio.run(run())
+    (took,) = [(a, k) for a, k in events if a[0] == "takeback"]
+    assert took[1]["data"]["from"] == "f0" and took[1]["data"]["rank"] == "headroom"
+    assert "(f0-9, headroom, still starting," in took[0][1]
+    assert backend.stopped == ["f0-9"] and "f0-9" not in router.added and started is None
+    assert second.state == "stopped" and second.id not in scaler.replicas
+    assert [k["data"]["reason"] for a, k in events if a[0] == "replica_stopped" and k["data"]["replica"] == "f0-9"] == [
+        "its start called off: slice taken back by w"]
+    assert backend.graces == [1.0]  # it serves nothing: no drain's grace
+    assert [r.id for r in scaler.live("f0")] == ["f0-1"] and len(scaler.live("w")) == 1
+    assert not [a for a, _ in events if a[0] in ("held_short", "replica_failed")]
+
+
+def test_a_replica_whose_stop_fails_is_still_freed_and_forgotten():
+    # a process no signal reaps (LocalBackend.stop's wait after SIGKILL times out): the stop
+    # raises, yet its slice is freed, it is forgotten and its stopped event set, so a replica
+    # waiting for it (_call_off; _grant on a real device) is not held forever
+    scaler, backend, _, _ = _full_scaler(take_back=True)
+    (f7,) = scaler.live("f7")
+
+    async def unreaped(handle, grace_s):
+        raise asyncio.TimeoutError
+
+    backend.stop = unreaped
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(scaler._finish_stop(f7, "function removed"))
+    assert f7.stopped.is_set() and f7.state == "stopped"
+    assert f7.id not in scaler.replicas and f7.id not in scaler.cluster
 
 
 def test_need_is_the_work_of_the_windows_arrivals_not_the_duty_of_a_backlog():
