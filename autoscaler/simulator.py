@@ -31,7 +31,7 @@ import numpy as np
 from autoscaler import looks, native, policy
 from autoscaler.baselines import kpa, ray_serve, tuned
 from autoscaler.lending import (
-    FLOOR, IDLE, KEPT, RANKS, Ask, Hold, Idle, decay_rate, held_need, need_of, replica_rank, share, takeback_cost,
+    FLOOR, IDLE, RANKS, Ask, Hold, Idle, decay_rate, held_need, idle_rank, need_of, replica_rank, share, takeback_cost,
     to_move, trim_to_window,
 )
 from autoscaler.loop import Memory, policy_table
@@ -1633,10 +1633,12 @@ class Simulation:
     def _holds(self, now: float, traffic: np.ndarray, need: np.ndarray, below: int) -> list[Hold]:
         """What every placed replica serves, as lending.Hold, those ranked below `below` (no ask
         can take the rest). A function's replicas count in order: ready ones oldest first, then
-        those starting, so the newest go first. One without traffic in the tick is idle: its first
-        replica ranked by the cost of taking it (lending.takeback_cost: the chance of a request
-        before the policy's keep-alive ends x its cold-start misses), IDLE under one late request
-        and KEPT above; its others IDLE at that cost / k (taking them starts nothing cold)."""
+        those starting, so the newest go first. One without traffic in the tick is idle: each
+        of its replicas ranked by the cost of taking it (lending.takeback_cost: the chance of a
+        request before the policy's keep-alive ends x its cold-start misses), IDLE under one late
+        request and KEPT above (lending.idle_rank), as shoal up ranks an idle replica. Until
+        2026-12-01 a function's further idle replicas ranked IDLE at that cost / k whatever the
+        cost, so a busy function quiet for one tick lost them to any ask."""
         srv = self.servers
         slots = np.flatnonzero(srv.alive)
         f = srv.fid[slots]
@@ -1655,8 +1657,8 @@ class Simulation:
                                                     self.policy.keep_alive_s(fid, spec), self._cold[fid],
                                                     float(self.slo_s[fid])),
                                                now)[0]
-                v = costs[fid] / kth
-                r = KEPT if kth == 1 and v >= 1.0 else IDLE
+                v = costs[fid]
+                r = idle_rank(v)
             if r < below:
                 holds.append(Hold(self.slot_replica[slot], self._names[fid], r, v))
         return holds

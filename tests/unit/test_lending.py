@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.lending import (
     FLOOR, HEADROOM, IDLE, KEPT, NEED, RANKS, Ask, Hold, Idle, Rate, Want, chance_of_request, choose_takebacks,
-    cold_start_misses, held_need, need_of, observe_rate, replica_rank, share, takeback_cost, to_move,
+    cold_start_misses, held_need, idle_holds, idle_rank, need_of, observe_rate, replica_rank, share, takeback_cost,
+    to_move,
 )
 from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
@@ -431,6 +432,18 @@ def test_the_scaler_says_who_was_held_short_and_why():
     assert said[0][1].startswith("w held short of a replica (floor, 2 request(s) waiting)")
     assert said[1]["data"]["rank"] == "floor" and said[1]["function"] == "w"
     assert scaler.held_short.labels("w", "floor")._value.get() == 2
+
+
+@pytest.mark.parametrize("cost, rank", [
+    pytest.param(0.727, IDLE, id="0.1 rps, 10 s of keep-alive left (takeback_cost's case): idle"),
+    pytest.param(1.0, KEPT, id="one late request: kept"),
+    pytest.param(0.5 * 376.0, KEPT, id="a busy function's second replica in a quiet tick: kept, not cost / k"),
+])
+def test_an_idle_replica_is_kept_when_taking_it_costs_a_late_request(cost, rank):
+    assert idle_rank(cost) == rank
+    idle = Idle("f-2", "f", 50.0, 99.0, 60.0, 8.0, 0.5)  # 50 rps, an 8 s cold start, SLO 0.5 s
+    (held,), _ = idle_holds([idle], 100.0)
+    assert held.rank == idle_rank(held.value) == KEPT  # the scaler ranks by the same rule
 
 
 def test_the_policys_keep_alive_prices_an_idle_replica():

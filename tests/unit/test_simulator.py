@@ -1381,6 +1381,35 @@ def test_a_replica_needed_within_the_delay_window_is_not_headroom_to_another():
     assert run(36.0) == ({"headroom": 1}, {"need": 26}, [1, 2, 1])
 
 
+def test_a_busy_function_quiet_for_one_tick_keeps_its_further_replica():
+    """One GPU of four 1/4 slices: f0 on two (a request every 8 ms, 1.25 busy seconds a second:
+    need 2) but none in the tick from 12 s to 13 s; f1 on one, overloaded, wanting a second (a
+    needed one) from 10 s; f2 on one. In the quiet tick f0's replicas are idle, each ranked by
+    its take-back cost as shoal up ranks an idle one (lending.idle_rank): about 126 requests a
+    second through a 2 s cold start over a 1 s SLO, 1 + 126 x 1 = 127 late requests at a chance
+    near 1, so KEPT, and a further replica does not take it: f1 is held short at every tick from
+    10 s to 16 s. Before, f0's second ranked IDLE at half that cost and f1 took it in the quiet
+    tick, which f0, busy again the tick after, wanted back."""
+    quarter = Profile("quarter", ((1, 10.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0, memory_mib=1024)
+    f0 = np.concatenate([np.arange(0.004, 12.0, 0.008), np.arange(13.004, 16.0, 0.008)])
+    f1, f2 = np.arange(0.004, 16.0, 0.008), np.arange(0.05, 16.0, 0.1)
+    times = np.concatenate([f0, f1, f2])
+    fids = np.concatenate([np.zeros(len(f0), int), np.ones(len(f1), int), np.full(len(f2), 2)])
+    order = np.argsort(times, kind="stable")
+
+    def step(snapshot, spec, state, now):
+        wanted = {"f0": 2, "f1": 2 if now >= 10.0 else 1, "f2": 1}[snapshot.function]
+        return ScaleDecision(wanted, "KEEP"), state
+
+    policy = S._Reactive("keeper", step, lambda: None)
+    policy.lends = True
+    sim = Simulation(trace_of(times[order], fids[order], duration=16.0, functions=3), [quarter] * 3,
+                     policy, SimConfig(gpus=1, time_share_busy=0.0), initial={0: 2, 1: 1, 2: 1})
+    record = sim.run()
+    assert record["takebacks"] == {} and sim.n_srv.tolist() == [2, 1, 1]
+    assert record["held_short_by_rank"] == {"need": 7}, record
+
+
 # ---------------------------------------------------------------------- what reacting can do
 
 def test_held_max_holds_every_past_need_one_tick_late():
