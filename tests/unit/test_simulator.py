@@ -1349,50 +1349,13 @@ def test_only_a_first_replica_takes_a_kept_one():
     assert record["held_short_by_rank"] == {"need": 11}, record
 
 
-def test_a_replica_needed_within_the_delay_window_is_not_headroom_to_another():
-    """One GPU of four 1/4 slices: f0 on two (busy 1.25 s a second until 5 s: need 2; then a
-    request every 200 ms: need 1), f1 and f2 on one each. From 10 s f1 (overloaded: need 2) wants
-    a second replica, a needed one. f0's second is above f0's need of the moment from 6 s, but
-    its need was 2 within the last 30 s (the policy's scale-down delay, its edge included:
-    lending.held_need), so it ranks as needed and f1 is held short at every tick from 10 s to
-    35 s (26 times). At 36 s the tick of need 2 that ended at 5 s has left the window: f1's ask
-    takes it as headroom. Ranked by the need of the moment, it was taken at 10 s."""
+def _f1_wants_a_second_quarter(f0: np.ndarray, duration: float) -> tuple[dict, dict, list[int]]:
+    """One GPU of four 1/4 slices (a 10 ms model, a 2 s cold start, SLO 1 s): f0 on two with
+    requests at `f0`, f1 on one overloaded (a request every 8 ms) and wanting a second from 10 s
+    on (a needed one), f2 on one (every 100 ms); a policy that keeps these counts and lends. The
+    record's take-backs and held short by rank, and each function's replicas at the end."""
     quarter = Profile("quarter", ((1, 10.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0, memory_mib=1024)
-
-    def run(duration: float) -> tuple[dict, dict, list[int]]:
-        f0 = np.concatenate([np.arange(0.004, 5.0, 0.008), np.arange(5.1, duration, 0.2)])
-        f1, f2 = np.arange(0.004, duration, 0.008), np.arange(0.05, duration, 0.1)
-        times = np.concatenate([f0, f1, f2])
-        fids = np.concatenate([np.zeros(len(f0), int), np.ones(len(f1), int), np.full(len(f2), 2)])
-        order = np.argsort(times, kind="stable")
-
-        def step(snapshot, spec, state, now):
-            wanted = {"f0": 2, "f1": 2 if now >= 10.0 else 1, "f2": 1}[snapshot.function]
-            return ScaleDecision(wanted, "KEEP"), state
-
-        policy = S._Reactive("keeper", step, lambda: None)
-        policy.lends = True
-        sim = Simulation(trace_of(times[order], fids[order], duration=duration, functions=3), [quarter] * 3,
-                         policy, SimConfig(gpus=1, time_share_busy=0.0), initial={0: 2, 1: 1, 2: 1})
-        record = sim.run()
-        return record["takebacks"], record["held_short_by_rank"], sim.n_srv.tolist()
-
-    assert run(35.0) == ({}, {"need": 26}, [2, 1, 1])
-    assert run(36.0) == ({"headroom": 1}, {"need": 26}, [1, 2, 1])
-
-
-def test_a_busy_function_quiet_for_one_tick_keeps_its_further_replica():
-    """One GPU of four 1/4 slices: f0 on two (a request every 8 ms, 1.25 busy seconds a second:
-    need 2) but none in the tick from 12 s to 13 s; f1 on one, overloaded, wanting a second (a
-    needed one) from 10 s; f2 on one. In the quiet tick f0's replicas are idle, each ranked by
-    its take-back cost as shoal up ranks an idle one (lending.idle_rank): about 126 requests a
-    second through a 2 s cold start over a 1 s SLO, 1 + 126 x 1 = 127 late requests at a chance
-    near 1, so KEPT, and a further replica does not take it: f1 is held short at every tick from
-    10 s to 16 s. Before, f0's second ranked IDLE at half that cost and f1 took it in the quiet
-    tick, which f0, busy again the tick after, wanted back."""
-    quarter = Profile("quarter", ((1, 10.0),), 0.25, 0.25, cold_start_s=2.0, slo_ms=1000.0, memory_mib=1024)
-    f0 = np.concatenate([np.arange(0.004, 12.0, 0.008), np.arange(13.004, 16.0, 0.008)])
-    f1, f2 = np.arange(0.004, 16.0, 0.008), np.arange(0.05, 16.0, 0.1)
+    f1, f2 = np.arange(0.004, duration, 0.008), np.arange(0.05, duration, 0.1)
     times = np.concatenate([f0, f1, f2])
     fids = np.concatenate([np.zeros(len(f0), int), np.ones(len(f1), int), np.full(len(f2), 2)])
     order = np.argsort(times, kind="stable")
@@ -1403,11 +1366,38 @@ def test_a_busy_function_quiet_for_one_tick_keeps_its_further_replica():
 
     policy = S._Reactive("keeper", step, lambda: None)
     policy.lends = True
-    sim = Simulation(trace_of(times[order], fids[order], duration=16.0, functions=3), [quarter] * 3,
+    sim = Simulation(trace_of(times[order], fids[order], duration=duration, functions=3), [quarter] * 3,
                      policy, SimConfig(gpus=1, time_share_busy=0.0), initial={0: 2, 1: 1, 2: 1})
     record = sim.run()
-    assert record["takebacks"] == {} and sim.n_srv.tolist() == [2, 1, 1]
-    assert record["held_short_by_rank"] == {"need": 7}, record
+    return record["takebacks"], record["held_short_by_rank"], sim.n_srv.tolist()
+
+
+def test_a_replica_needed_within_the_delay_window_is_not_headroom_to_another():
+    """f0 on two of the four quarters (busy 1.25 s a second until 5 s: need 2; then a request
+    every 200 ms: need 1); from 10 s f1 (need 2) wants a second replica, a needed one. f0's
+    second is above f0's need of the moment from 6 s, but its need was 2 within the last 30 s
+    (the policy's scale-down delay, its edge included: lending.held_need), so it ranks as needed
+    and f1 is held short at every tick from 10 s to 35 s (26 times). At 36 s the tick of need 2
+    that ended at 5 s has left the window: f1's ask takes it as headroom. Ranked by the need of
+    the moment, it was taken at 10 s."""
+    def f0(duration: float) -> np.ndarray:
+        return np.concatenate([np.arange(0.004, 5.0, 0.008), np.arange(5.1, duration, 0.2)])
+
+    assert _f1_wants_a_second_quarter(f0(35.0), 35.0) == ({}, {"need": 26}, [2, 1, 1])
+    assert _f1_wants_a_second_quarter(f0(36.0), 36.0) == ({"headroom": 1}, {"need": 26}, [1, 2, 1])
+
+
+def test_a_busy_function_quiet_for_one_tick_keeps_its_further_replica():
+    """f0 on two of the four quarters (a request every 8 ms, 1.25 busy seconds a second: need 2)
+    but none in the tick from 12 s to 13 s; f1, overloaded, wants a second (a needed one) from
+    10 s. In the quiet tick f0's replicas are idle, each ranked by its take-back cost as shoal up
+    ranks an idle one (lending.idle_rank): about 126 requests a second through a 2 s cold start
+    over a 1 s SLO, 1 + 126 x 1 = 127 late requests at a chance near 1, so KEPT, and a further
+    replica does not take it: f1 is held short at every tick from 10 s to 16 s. Before, f0's
+    second ranked IDLE at half that cost and f1 took it in the quiet tick, which f0, busy again
+    the tick after, wanted back."""
+    f0 = np.concatenate([np.arange(0.004, 12.0, 0.008), np.arange(13.004, 16.0, 0.008)])
+    assert _f1_wants_a_second_quarter(f0, 16.0) == ({}, {"need": 7}, [2, 1, 1])
 
 
 # ---------------------------------------------------------------------- what reacting can do
