@@ -1498,7 +1498,8 @@ class Simulation:
         for one tick, lost both its replicas to other functions' needed ones and started again
         cold. A needed further replica takes busy headroom (live too:
         ReplicaScaler._further_ranks), headroom by its function's most need over the policy's
-        delay window (lending.held_need over _needs; an ask by the need of now). Those held short are counted per function."""
+        delay window (lending.held_need over _needs; an ask by the need of now). Those held short
+        are counted per function."""
         short, self._short = self._short, {}
         traffic, need = self._traffic_and_need()
         asks = []

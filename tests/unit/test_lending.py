@@ -437,13 +437,19 @@ def test_the_scaler_says_who_was_held_short_and_why():
 @pytest.mark.parametrize("cost, rank", [
     pytest.param(0.727, IDLE, id="0.1 rps, 10 s of keep-alive left (takeback_cost's case): idle"),
     pytest.param(1.0, KEPT, id="one late request: kept"),
-    pytest.param(0.5 * 376.0, KEPT, id="a busy function's second replica in a quiet tick: kept, not cost / k"),
+    pytest.param(0.5 * 376.0, KEPT, id="188 late requests: kept, a further replica as a first"),
 ])
 def test_an_idle_replica_is_kept_when_taking_it_costs_a_late_request(cost, rank):
     assert idle_rank(cost) == rank
-    idle = Idle("f-2", "f", 50.0, 99.0, 60.0, 8.0, 0.5)  # 50 rps, an 8 s cold start, SLO 0.5 s
+
+
+def test_the_scaler_ranks_an_idle_replica_by_idle_rank_at_its_take_back_cost():
+    # 50 rps, an 8 s cold start, SLO 0.5 s, 59 s of keep-alive left: 1 + 50 x 7.5 = 376 late
+    # requests at a chance near 1
+    idle = Idle("f-2", "f", 50.0, 99.0, 60.0, 8.0, 0.5)
     (held,), _ = idle_holds([idle], 100.0)
-    assert held.rank == idle_rank(held.value) == KEPT  # the scaler ranks by the same rule
+    assert held.value == pytest.approx(takeback_cost(idle, 100.0)[0]) == pytest.approx(376.0)
+    assert held.rank == idle_rank(held.value) == KEPT
 
 
 def test_the_policys_keep_alive_prices_an_idle_replica():
