@@ -157,6 +157,9 @@ class ReplicaScaler:
         self.unplaced: dict[str, float] = {}  # function -> since when its replica waits for a slice to be lent
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
+        # function -> when a scrape last saw one of its replicas answer or hold a request (kept across
+        # scale-to-zero, as its rate is): what a replica of it still starting is priced from (_idle)
+        self.active_at: dict[str, float] = {}
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self.no_move_before: dict[str, float] = {}  # function -> a move failed to start: none again until
         self.device_busy: dict[str, float] = {}  # device -> its replicas' duty x slice, summed, at the last look
@@ -529,6 +532,8 @@ class ReplicaScaler:
         for r in self.replicas.values():
             if len(r.stats) == 2 and (r.stats[1].completed > r.stats[0].completed or r.stats[1].inflight > 0):
                 r.active_at = max(r.active_at, r.stats[1].at)
+            if r.state == "ready":
+                self.active_at[r.function] = max(self.active_at.get(r.function, 0.0), r.active_at)
             if len(r.stats) == 2 and r.id in self.cluster:
                 device = r.placement.device.id
                 busy[device] = busy.get(device, 0.0) + duty_cycle(r.stats[0], r.stats[1]) * float(r.placement.fraction)
@@ -550,30 +555,50 @@ class ReplicaScaler:
         not idle: taking it would only move the cold start to its own function. A request that
         reaches an idle one after the scrape is answered before it stops (the drain waits). The
         rate is the function's (`rates`); the keep-alive the policy's last (Target.keep_alive_s),
-        else the spec's idle_to_zero_s."""
+        else the spec's idle_to_zero_s.
+        A replica still starting is idle too when its function is quiet: nothing held for it, and
+        each of its ready replicas scraped twice, nothing in flight or queued at the last scrape
+        and nothing answered between the two (the simulator's function without traffic in the
+        tick: Simulation._holds). E.g. a pre-warm ahead of a function's next onset, or a scale-up
+        whose requests stopped. It is priced from its function's last activity (`active_at`), as
+        the simulator prices it; taken, its start is called off (_take). Until 2026-12-01 no
+        starting replica of a quiet function was lent, where the simulator lent it."""
         live: dict[str, int] = {}
+        busy: set[str] = set()  # functions with traffic in their replicas' last window
         for r in self.replicas.values():
             if r.state in ("starting", "ready") and r.moving_from is None:
                 live[r.function] = live.get(r.function, 0) + 1
+            if r.state == "ready" and (len(r.stats) < 2 or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0
+                                       or r.stats[-1].completed > r.stats[0].completed):
+                busy.add(r.function)
         out = []
         for r in self.replicas.values():
-            if (r.state != "ready" or r.function in excluded or len(r.stats) < 2 or r.spec is None
-                    or live[r.function] <= r.spec.scaling.min_replicas  # its floor is not lent
-                    or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0 or self.router.held(r.function) > 0
+            if (r.function in excluded or r.spec is None or live.get(r.function, 0) <= r.spec.scaling.min_replicas
+                    or self.router.held(r.function) > 0):  # its floor is not lent
+                continue
+            if r.state == "starting":
+                if r.moving_from is not None or r.function in busy:
+                    continue
+                active_at = self.active_at.get(r.function, 0.0)
+            elif (r.state != "ready" or len(r.stats) < 2
+                    or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0
                     or (live[r.function] == 1 and r.active_at >= r.stats[-1].at)):  # answered since (_note_activity)
                 continue
+            else:
+                active_at = r.active_at
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
             rate = self.rates[r.function].per_s if r.function in self.rates else 0.0
-            out.append(Idle(r.id, r.function, rate, r.active_at, self.keep_alive.get(r.function, scaling.idle_to_zero_s),
+            out.append(Idle(r.id, r.function, rate, active_at, self.keep_alive.get(r.function, scaling.idle_to_zero_s),
                             cold_s, scaling.slo_p95_ms / 1000.0))
         return out
 
     def _take_back(self, tb: TakeBack) -> asyncio.Task:
         """An idle victim, priced by its take-back cost: _take."""
         victim = self.replicas[tb.victim.replica]
-        idle_s = self.clock() - victim.active_at
-        return self._take(victim, tb.demand, f"idle {idle_s:.0f} s", f"{tb.waiting} request(s) of "
+        idle = f"idle {self.clock() - tb.victim.active_at:.0f} s" if tb.victim.active_at > 0 else "no request yet"
+        starting = ", still starting" if victim.state == "starting" else ""
+        return self._take(victim, tb.demand, f"{idle}{starting}", f"{tb.waiting} request(s) of "
                           f"{tb.demand.function} waiting and no free slice; cost {tb.cost:.3f} = P(request "
                           f"before keep-alive ends) {tb.chance:.3f} x {tb.misses:.2f} cold-start misses",
                           {"waiting": tb.waiting, "cost": tb.cost, "chance": tb.chance, "misses": tb.misses})
@@ -819,6 +844,7 @@ class ReplicaScaler:
             self.short_said.pop(name, None)
             self.rates.pop(name, None)
             self.keep_alive.pop(name, None)
+            self.active_at.pop(name, None)
             self.no_move_before.pop(name, None)
             self.needs.pop(name, None)  # a function deployed again under its name starts with none
             self.router.forget(name)

@@ -914,6 +914,95 @@ def test_a_replica_still_starting_above_its_functions_need_is_taken_and_its_star
     assert not [a for a, _ in events if a[0] in ("held_short", "replica_failed")]
 
 
+async def _prewarm(scaler, name: str = "p"):
+    """f7's slot freed, a replica of `name` (no request yet: a pre-warm) started on it and left
+    loading; every ready replica then has a request in flight (nothing else idle)."""
+    (f7,) = scaler.live("f7")
+    await scaler.stop_replica(f7, "make room")
+    _all_in_flight(scaler, duty=0.1)
+    scaler.backend = _LoadingBackend({f"{name}-9"})
+    starting = asyncio.ensure_future(scaler.start_replica(name, _spec(name, 1024), 1))
+    await asyncio.sleep(0)
+    pre = scaler.replicas[f"{name}-9"]
+    assert pre.state == "starting"
+    return pre, starting
+
+
+def test_a_quiet_functions_replica_still_starting_is_lent_and_its_start_called_off():
+    # p's replica loads ahead of its first request (a pre-warm); w's first replica finds nothing
+    # free or idle but it (time-sharing off). p has no traffic: its starting replica is idle, as
+    # the simulator ranks it (Simulation._holds), priced at p's last activity: never, cost 0. w
+    # takes it; its process stops at once (1 s grace: it serves nothing) and w is placed there
+    scaler, _, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+
+    async def run():
+        pre, starting = await _prewarm(scaler)
+        (idle,) = scaler._idle(100.0, {"w"})
+        assert (idle.replica, idle.active_at, idle.rate_rps) == (pre.id, 0.0, 0.0)
+        await scaler.apply({"w": Target(_spec("w", 1024), 1, 1, ScaleDecision(1, "COLD_START"))})
+        await asyncio.gather(starting, *scaler._tasks)
+        return pre, starting.result()
+
+    pre, started = asyncio.run(run())
+    (took,) = [(a, k) for a, k in events if a[0] == "takeback"]
+    assert took[1]["data"]["from"] == "p" and took[1]["data"]["cost"] == 0.0
+    assert "(p-9, no request yet, still starting)" in took[0][1]
+    assert scaler.backend.stopped == ["p-9"] and scaler.backend.graces == [1.0] and started is None
+    assert pre.state == "stopped" and not scaler.live("p") and len(scaler.live("w")) == 1
+    assert "p-9" not in router.added and not [a for a, _ in events if a[0] in ("held_short", "replica_failed")]
+
+
+@pytest.mark.parametrize("case", ["held", "busy", "floor", "moving"])
+def test_a_starting_replica_is_not_lent_while_its_function_has_traffic_or_at_its_floor(case):
+    # held: a request waits for it (the gateway holds it: its function's floor); busy: its
+    # function's ready replica has a request in flight (a busy function's starting replica is
+    # ranked by need: _busy_holds); floor: its function's min_replicas; moving: it takes over
+    # from another replica (_move)
+    scaler, _, router, _ = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+
+    async def run():
+        pre, starting = await _prewarm(scaler, "f1" if case == "busy" else "p")
+        if case == "held":
+            router._held["p"] = 1
+        elif case == "floor":
+            pre.spec = FunctionSpec("p", pre.spec.artifact, slice=pre.spec.slice,
+                                    scaling=ScalingSpec(slo_p95_ms=500.0, idle_to_zero_s=60.0, min_replicas=1))
+        elif case == "moving":
+            pre.moving_from = "p-0"
+        idle = scaler._idle(100.0, {"w"})
+        scaler.backend.halted[pre.id].set()
+        await asyncio.gather(starting, return_exceptions=True)
+        return idle
+
+    assert asyncio.run(run()) == []
+
+
+def test_a_quiet_functions_starting_replica_is_priced_from_its_last_activity():
+    # f1 answered 1 request a second until 99 s and its one ready replica is now quiet; a second
+    # replica of it starts. Both are idle, priced from f1's last activity (99 s, kept across its
+    # replicas: _note_activity), not from the starting one's own (it has none): keep-alive 60 s,
+    # 59 s left at 1 rps, chance ~1 x (1 + 1 x 1.5) misses: 2.5, KEPT (idle_rank)
+    scaler, _, _, _ = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+
+    async def run():
+        pre, starting = await _prewarm(scaler, "f1")
+        for r in scaler.live("f1"):
+            if r.state == "ready":
+                r.stats = [ReplicaStat(r.id, 99.0, completed=100.0), ReplicaStat(r.id, 100.0, completed=100.0)]
+        scaler._note_activity(100.0)
+        assert scaler.active_at["f1"] == 99.0
+        idle = {i.replica: i for i in scaler._idle(100.0, {"w"})}
+        scaler.backend.halted[pre.id].set()
+        await asyncio.gather(starting, return_exceptions=True)
+        return pre, idle
+
+    pre, idle = asyncio.run(run())
+    assert sorted(i.function for i in idle.values()) == ["f1", "f1"]
+    holds, _ = idle_holds(list(idle.values()), 100.0)
+    assert {h.replica: (RANKS[h.rank], round(h.value, 3)) for h in holds if h.replica == pre.id} == {
+        pre.id: ("kept", 2.5)}
+
+
 def test_a_replica_whose_stop_fails_is_still_freed_and_forgotten():
     # a process no signal reaps (LocalBackend.stop's wait after SIGKILL times out): the stop
     # raises, yet its slice is freed, it is forgotten and its stopped event set, so a replica
