@@ -434,17 +434,22 @@ class ReplicaScaler:
     def _busy_holds(self, traffic: dict[str, float], need: dict[str, float], idle: set[str]) -> list[Hold]:
         """The replicas, ready or starting, of functions with requests, but for the idle ones
         (`idle`: idle_holds has them), ranked by what they serve (lending.replica_rank, `need`
-        each function's most over the policy's delay window: lending.held_need): a function's
-        busy replicas counted first, ready oldest first, its idle ones last, so its newest busy
-        ones are its headroom and a busy one is its floor while it has one (two asks in a tick
-        cannot take an idle replica and its busy floor both). Only NEED and HEADROOM ones: a floor
-        is never taken, and one a window of no requests would rank idle is not lent here (_idle
-        says when one is).
+        each function's most over the policy's delay window: lending.held_need), as the
+        simulator ranks a function's replicas in a tick with traffic (Simulation._holds): a
+        function's replicas with a request in flight or queued at their last scrape counted
+        first, ready oldest first, those between requests last, so those are its headroom and a
+        busy one is its floor while it has one (two asks in a tick cannot take a replica between
+        requests and its busy floor both; the one taken has no request to drain). Only NEED and
+        HEADROOM ones: a floor is never taken, and one a window of no requests would rank idle is
+        not lent here (_idle says when one is). Until 2026-12-01 a busy function's replica
+        between requests was lent as idle, priced by its take-back cost (IDLE or KEPT by the
+        scrape's moment), where the simulator ranks it by its function's need.
         A replica still starting counts after the busy ready ones, as the simulator counts it
         after the ready ones (Simulation._holds), so it is its function's newest busy one: taken,
-        its start is called off (_take). (Before an idle ready one, unlike the simulator: a
-        function with an idle replica and one starting keeps the starting one as its floor, and
-        the idle one may be lent.) One that takes over from another (_move) is not ranked."""
+        its start is called off (_take). (Before one between requests, unlike the simulator: a
+        function with a replica between requests and one starting keeps the starting one as its
+        floor, and the other may be lent.) One that takes over from another (_move) is not
+        ranked."""
         mine: dict[str, list[Replica]] = {}
         for r in self.replicas.values():
             if (r.state in ("starting", "ready") and r.moving_from is None and r.id in self.cluster
@@ -452,7 +457,8 @@ class ReplicaScaler:
                 mine.setdefault(r.function, []).append(r)
         holds = []
         for name, replicas in mine.items():
-            replicas.sort(key=lambda r: (r.id in idle, r.state != "ready", r.ready_at or 0.0, r.created_at))
+            replicas.sort(key=lambda r: (r.id in idle or _between_requests(r), r.state != "ready", r.ready_at or 0.0,
+                                         r.created_at))
             cold_s = self.cold_starts.get(name, DEFAULT_CONFIG.default_cold_start_s)
             newest = max((r for r in replicas if r.spec is not None), key=lambda r: r.revision, default=None)
             if newest is None:
@@ -548,21 +554,21 @@ class ReplicaScaler:
                                             self.config.rate_window_s)
 
     def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
-        """Ready replicas of functions not in `excluded`, scraped twice since ready, with nothing
-        in flight, queued or held at the last scrape; a function's only replica also answered
-        nothing between the two. One just ready (it may have just answered the requests held
-        through its cold start), or the only one of a function between two of its requests, is
-        not idle: taking it would only move the cold start to its own function. A request that
+        """The replicas, ready or starting, of quiet functions not in `excluded`, above their
+        min_replicas: a quiet function has nothing held at the gateway, and each of its ready
+        replicas was scraped twice since ready, had nothing in flight or queued at the last scrape
+        and answered nothing between the two (the simulator's function without traffic in the
+        tick: Simulation._holds). A busy function's replica between two requests is not idle but
+        ranked by its function's need (_busy_holds); one just ready (it may have just answered
+        the requests held through its cold start) makes its function not quiet. A request that
         reaches an idle one after the scrape is answered before it stops (the drain waits). The
         rate is the function's (`rates`); the keep-alive the policy's last (Target.keep_alive_s),
-        else the spec's idle_to_zero_s.
-        A replica still starting is idle too when its function is quiet: nothing held for it, and
-        each of its ready replicas scraped twice, nothing in flight or queued at the last scrape
-        and nothing answered between the two (the simulator's function without traffic in the
-        tick: Simulation._holds). E.g. a pre-warm ahead of a function's next onset, or a scale-up
-        whose requests stopped. It is priced from its function's last activity (`active_at`), as
-        the simulator prices it; taken, its start is called off (_take). Until 2026-12-01 no
-        starting replica of a quiet function was lent, where the simulator lent it."""
+        else the spec's idle_to_zero_s. A ready one is priced from its own last activity, one
+        still starting (a pre-warm ahead of a function's next onset, a scale-up whose requests
+        stopped) from its function's (`active_at`), as the simulator prices it; taken, its start
+        is called off (_take). Until 2026-12-01 a starting one was never lent, and a busy
+        function's ready one between requests was (IDLE or KEPT by its cost at the scrape's
+        moment), where the simulator ranks it by need."""
         live: dict[str, int] = {}
         busy: set[str] = set()  # functions with traffic in their replicas' last window
         for r in self.replicas.values():
@@ -573,19 +579,11 @@ class ReplicaScaler:
                 busy.add(r.function)
         out = []
         for r in self.replicas.values():
-            if (r.function in excluded or r.spec is None or live.get(r.function, 0) <= r.spec.scaling.min_replicas
-                    or self.router.held(r.function) > 0):  # its floor is not lent
+            if (r.function in excluded or r.function in busy or r.state not in ("starting", "ready")
+                    or r.moving_from is not None or self.router.held(r.function) > 0
+                    or r.spec is None or live[r.function] <= r.spec.scaling.min_replicas):  # its floor is not lent
                 continue
-            if r.state == "starting":
-                if r.moving_from is not None or r.function in busy:
-                    continue
-                active_at = self.active_at.get(r.function, 0.0)
-            elif (r.state != "ready" or len(r.stats) < 2
-                    or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0
-                    or (live[r.function] == 1 and r.active_at >= r.stats[-1].at)):  # answered since (_note_activity)
-                continue
-            else:
-                active_at = r.active_at
+            active_at = self.active_at.get(r.function, 0.0) if r.state == "starting" else r.active_at
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
             rate = self.rates[r.function].per_s if r.function in self.rates else 0.0
@@ -889,6 +887,11 @@ class ReplicaScaler:
             "port": getattr(r.handle, "port", None), "duty": duty, "moving_from": r.moving_from,
             "inflight": r.stats[-1].inflight if r.stats else 0.0,
         }
+
+
+def _between_requests(r: Replica) -> bool:
+    """Ready, and nothing in flight or queued at its last scrape."""
+    return r.state == "ready" and bool(r.stats) and r.stats[-1].inflight <= 0 and r.stats[-1].queued <= 0
 
 
 def _slice(placement: Placement) -> str:

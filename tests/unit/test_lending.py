@@ -573,9 +573,12 @@ def test_a_replica_that_answered_in_its_last_window_or_was_scraped_once_is_not_l
     assert [e[0] for e, _ in events if e[0] in ("takeback", "held_short")] == ["held_short"]
 
 
-def test_a_busy_functions_further_replica_between_requests_is_lent():
+def test_a_busy_functions_further_replica_between_requests_is_lent_as_its_headroom():
     # f1 runs two replicas (f7's slot made f1's), both answered in the last window, neither has a
-    # request in flight: one of them may go (its loss starts nothing cold); w takes one
+    # request in flight: f1 is busy, so neither is idle; ranked by f1's need of one, as the
+    # simulator ranks a function with traffic, the second is its headroom, and w's first replica
+    # takes it (its loss starts nothing cold). Until 2026-12-01 both were lent as idle, priced by
+    # their take-back cost at the scrape's moment
     scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
     for r in scaler.replicas.values():
         if r.function == "f7":
@@ -585,7 +588,10 @@ def test_a_busy_functions_further_replica_between_requests_is_lent():
         else:
             r.stats = [ReplicaStat(r.id, 99.0, completed=90.0), ReplicaStat(r.id, 100.0, completed=100.0)]
             r.active_at = 100.0
-    assert sorted(i.function for i in scaler._idle(100.0, {"w"})) == ["f1", "f1"]
+    assert scaler._idle(100.0, {"w"}) == []
+    traffic, need = scaler._traffic_and_need()
+    assert need["f1"] == 1
+    assert [(h.function, RANKS[h.rank]) for h in scaler._busy_holds(traffic, need, set())] == [("f1", "headroom")]
     _apply_w(scaler, memory_mib=1024)
     assert len(scaler.live("w")) == 1 and len(scaler.live("f1")) == 1
     assert [e[0] for e, _ in events if e[0] in ("takeback", "held_short")] == ["takeback"]
@@ -831,17 +837,21 @@ def test_a_cold_functions_burst_takes_cheap_idle_slices_for_every_replica_it_ask
     assert not [a for a, _ in events if a[0] == "held_short"]
 
 
-def test_a_busy_replica_stays_its_functions_floor_beside_an_idle_one():
+def test_a_busy_replica_stays_its_functions_floor_beside_one_between_requests():
     # f0 runs two replicas (f7's slot made f0's): the older, f0-1, had nothing in flight at the
-    # last scrape (idle, lendable), the newer, f7-8, has a request in flight. w and x each ask for
-    # a first replica, nothing else idle, time-sharing off: the busy one counts first, so it is
-    # f0's floor and stays; one of w and x takes the idle f0-1, the other is held short
+    # last scrape, the newer, f7-8, has a request in flight. w and x each ask for a first
+    # replica, nothing idle, time-sharing off: f0 is busy, so neither is idle; the busy one counts
+    # first, so it is f0's floor and stays, and f0-1 is its headroom (no request to drain): one of
+    # w and x takes it, the other is held short
     scaler, backend, router, events = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
     _busy(scaler, {})
     (older,) = [r for r in scaler.live("f0") if r.id == "f0-1"]
     older.stats = [ReplicaStat(older.id, 99.0, completed=1.0), ReplicaStat(older.id, 100.0, completed=1.0)]
     router._held["x"] = 1
-    # the idle f0-1 is offered as idle only, not also as f0's busy headroom (share's pool is by replica)
+    assert scaler._idle(100.0, {"w", "x"}) == []
+    assert [(h.replica, RANKS[h.rank]) for h in scaler._busy_holds(*scaler._traffic_and_need(), set())] == [
+        ("f0-1", "headroom")]
+    # one offered as idle is not also offered as busy headroom (share's pool is by replica)
     assert scaler._busy_holds(*scaler._traffic_and_need(), {"f0-1"}) == []
 
     _apply(scaler, {"w": (1, "COLD_START"), "x": (1, "COLD_START")}, 1024)
