@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Any, Callable, Iterable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
 
 from autoscaler.lending import (
     HEADROOM, IDLE, NEED, RANKS, Hold, Idle, Rate, Short, TakeBack, Want, held_need, idle_holds, need_of,
@@ -158,7 +159,8 @@ class ReplicaScaler:
         self.rates: dict[str, Rate] = {}  # function -> its answered requests, weighted over rate_window_s
         self.keep_alive: dict[str, float] = {}  # function -> how long its policy keeps an idle replica
         # function -> when a scrape last saw one of its replicas answer or hold a request (kept across
-        # scale-to-zero, as its rate is): what a replica of it still starting is priced from (_idle)
+        # scale-to-zero, as its rate is; none before its first request, as the simulator's _active_at):
+        # what a replica of it still starting is priced from (_idle)
         self.active_at: dict[str, float] = {}
         self.short_said: dict[str, float] = {}  # function -> when a held_short event last said it
         self.no_move_before: dict[str, float] = {}  # function -> a move failed to start: none again until
@@ -179,6 +181,9 @@ class ReplicaScaler:
         self.held_short = Counter("shoal_held_short", "Replicas a function wanted that the full cluster could not "
                                   "place, by function and rank (floor, headroom: what the replica would serve)",
                                   ["function", "rank"], registry=registry)
+        # function -> slice-seconds its replicas held until their slices were freed (_release)
+        self.released_slice_s: dict[str, float] = {}
+        registry.register(_SliceSeconds(self.slice_use))
         allocated = Gauge("shoal_slice_allocated_ratio", "Share of each device allocated to slices",
                           ["device", "emulated"], registry=registry)
         for device in inventory.devices:
@@ -437,8 +442,9 @@ class ReplicaScaler:
         each function's most over the policy's delay window: lending.held_need), as the
         simulator ranks a function's replicas in a tick with traffic (Simulation._holds): a
         function's replicas with a request in flight or queued at their last scrape counted
-        first, ready oldest first, those between requests last, so those are its headroom and a
-        busy one is its floor while it has one (two asks in a tick cannot take a replica between
+        first, ready oldest first, those between requests last (live's own order: the simulator
+        counts ready ones oldest first whatever they run), so those are its headroom and a busy
+        one is its floor while it has one (two asks in a tick cannot take a replica between
         requests and its busy floor both; the one taken has no request to drain). Only NEED and
         HEADROOM ones: a floor is never taken, and one a window of no requests would rank idle is
         not lent here (_idle says when one is). Until 2026-12-01 a busy function's replica
@@ -538,7 +544,6 @@ class ReplicaScaler:
         for r in self.replicas.values():
             if len(r.stats) == 2 and (r.stats[1].completed > r.stats[0].completed or r.stats[1].inflight > 0):
                 r.active_at = max(r.active_at, r.stats[1].at)
-            if r.state == "ready":
                 self.active_at[r.function] = max(self.active_at.get(r.function, 0.0), r.active_at)
             if len(r.stats) == 2 and r.id in self.cluster:
                 device = r.placement.device.id
@@ -554,8 +559,8 @@ class ReplicaScaler:
                                             self.config.rate_window_s)
 
     def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
-        """The replicas, ready or starting, of quiet functions not in `excluded`, above their
-        min_replicas: a quiet function has nothing held at the gateway, and each of its ready
+        """The replicas, ready or starting, of quiet functions not in `excluded`, as many as are
+        above their min_replicas (starting ones first, then the newest ready): a quiet function has nothing held at the gateway, and each of its ready
         replicas was scraped twice since ready, had nothing in flight or queued at the last scrape
         and answered nothing between the two (the simulator's function without traffic in the
         tick: Simulation._holds). A busy function's replica between two requests is not idle but
@@ -578,11 +583,17 @@ class ReplicaScaler:
                                        or r.stats[-1].completed > r.stats[0].completed):
                 busy.add(r.function)
         out = []
-        for r in self.replicas.values():
+        lendable: dict[str, int] = {}  # function -> how many more it may lend: live above its min_replicas
+        # those starting first (they serve nothing yet), then the newest ready ones, so a floor of
+        # min_replicas keeps its oldest ready replicas and two asks cannot take it below that
+        for r in sorted(self.replicas.values(), key=lambda r: (r.state == "ready", -r.created_at)):
             if (r.function in excluded or r.function in busy or r.state not in ("starting", "ready")
-                    or r.moving_from is not None or self.router.held(r.function) > 0
-                    or r.spec is None or live[r.function] <= r.spec.scaling.min_replicas):  # its floor is not lent
+                    or r.moving_from is not None or self.router.held(r.function) > 0 or r.spec is None):
                 continue
+            left = lendable.setdefault(r.function, live[r.function] - r.spec.scaling.min_replicas)
+            if left <= 0:  # its floor is not lent
+                continue
+            lendable[r.function] = left - 1
             active_at = self.active_at.get(r.function, 0.0) if r.state == "starting" else r.active_at
             scaling = r.spec.scaling
             cold_s = self.cold_starts.get(r.function, DEFAULT_CONFIG.default_cold_start_s)
@@ -621,7 +632,7 @@ class ReplicaScaler:
         still starting: its start called off, _call_off); say so."""
         starting = victim.state == "starting"
         victim.state = "draining"
-        self.cluster.release(victim.id)
+        self._release(victim)
         taker = demand.function
         self.takebacks.labels(taker, "took").inc()
         self.takebacks.labels(victim.function, "gave").inc()
@@ -635,10 +646,10 @@ class ReplicaScaler:
         return self._spawn_task(self._drain_and_stop(victim, f"slice taken back by {taker}"))
 
     async def _call_off(self, replica: Replica) -> None:
-        """A replica taken back while it starts: its process stopped now (no grace: it serves
-        nothing), so its wait for ready ends, and done once its bring-up has finished the stop
-        (_bring_up sees the state), so a real device's memory is free for the replica placed on
-        its slice."""
+        """A replica taken back while it starts: its process stopped now (UNSERVED_GRACE_S, 1 s:
+        it serves nothing, so no drain's grace), so its wait for ready ends, and done once its
+        bring-up has finished the stop (_bring_up sees the state), so a real device's memory is
+        free for the replica placed on its slice."""
         if replica.handle is not None and not replica.stopped.is_set() and self.backend.exited(replica.handle) is None:
             await self.backend.stop(replica.handle, UNSERVED_GRACE_S)
         await replica.stopped.wait()
@@ -710,6 +721,30 @@ class ReplicaScaler:
         replica = Replica(placed.replica, placed.function, revision, placed, created_at=self.clock(), spec=spec)
         self.replicas[placed.replica] = replica
         return replica
+
+    def _release(self, replica: Replica) -> None:
+        """Free its slice, once, and count the slice-seconds it held: from its placement (when
+        it was registered) until now, times its slice."""
+        if self.cluster.release(replica.id):
+            held = (self.clock() - replica.created_at) * float(replica.placement.fraction)
+            self.released_slice_s[replica.function] = self.released_slice_s.get(replica.function, 0.0) + held
+
+    def slice_use(self) -> dict[str, tuple[float, float]]:
+        """Per function, (the slice-seconds its replicas have held since this scaler began, the
+        slices they hold now): each replica's slice times its time from placement to the release
+        of its slice, or to now while it holds it; exact, as the allocator held it, where a
+        once-a-second sample of the replicas' states rounds a state shorter than a second to a
+        whole second or none. A replica taken back frees its slice at the take, while it drains
+        (the taker's from then: _take); one scaled down holds it until it has stopped. E.g. a 1/8
+        replica placed at 10.0 s and stopped at 12.5 s: 0.3125 slice-seconds."""
+        now = self.clock()
+        out = {name: (held, 0.0) for name, held in self.released_slice_s.items()}
+        for r in self.replicas.values():
+            if r.id in self.cluster:
+                fraction = float(r.placement.fraction)
+                held, holds = out.get(r.function, (0.0, 0.0))
+                out[r.function] = (held + (now - r.created_at) * fraction, holds + fraction)
+        return out
 
     async def _bring_up(self, replica: Replica, after: list[asyncio.Task] | tuple = ()) -> Replica | None:
         """Create a placed replica (once the replicas that gave its slice back have stopped,
@@ -796,7 +831,7 @@ class ReplicaScaler:
         finally:
             replica.state = "stopped"
             replica.stopped.set()
-            self.cluster.release(replica.id)
+            self._release(replica)
             self.replicas.pop(replica.id, None)
         self.events("replica_stopped", f"{replica.id} stopped ({reason})", function=replica.function,
                     data={"replica": replica.id, "reason": reason})
@@ -810,7 +845,7 @@ class ReplicaScaler:
             if replica.handle is not None and self.backend.exited(replica.handle) is None:
                 await self.backend.stop(replica.handle, UNSERVED_GRACE_S)
         finally:
-            self.cluster.release(replica.id)
+            self._release(replica)
             self.replicas.pop(replica.id, None)
             replica.stopped.set()
         self.events("replica_failed", message, function=replica.function, data={"replica": replica.id})
@@ -887,6 +922,24 @@ class ReplicaScaler:
             "port": getattr(r.handle, "port", None), "duty": duty, "moving_from": r.moving_from,
             "inflight": r.stats[-1].inflight if r.stats else 0.0,
         }
+
+
+class _SliceSeconds:
+    """shoal_replica_slice_seconds_total{function}: ReplicaScaler.slice_use at scrape time."""
+
+    def __init__(self, source: Callable[[], dict[str, tuple[float, float]]]):
+        self.source = source
+
+    def collect(self):
+        family = CounterMetricFamily("shoal_replica_slice_seconds", "Slice-seconds held by each function's "
+                                     "replicas, from placement to the release of their slices (1.0: a whole "
+                                     "device for one second)", labels=["function"])
+        for name, (held, _) in sorted(self.source().items()):
+            family.add_metric([name], held)
+        yield family
+
+    def describe(self):
+        return []
 
 
 def _between_requests(r: Replica) -> bool:

@@ -11,8 +11,12 @@ Inputs, all kept in the run's folder:
 
 `summarize()` turns them into `summary.json`; `timeseries()` into the
 per-second series the charts are drawn from. Costs:
-- replica-slice-seconds: the integral over the run of the slice fractions of
-  every replica that exists (starting or ready: its slice is held);
+- replica-slice-seconds: the slices every replica held over the run, read from
+  the control plane's own count (`slice_seconds` per function in each status
+  sample: each replica's slice from placement to release, exact) where it
+  gives one, else the integral over the samples of the slice fractions of every
+  replica that exists (starting, ready or draining), which rounds a state
+  shorter than the second between samples to a whole second or none;
 - device-seconds: the integral of the number of devices with at least one
   replica (GPU-seconds on GPU devices; the summary names the device kind and
   says when the devices are emulated);
@@ -179,10 +183,37 @@ def timeseries(req: Requests, offered_per_s: np.ndarray | None, samples: list[di
 LIVE_STATES = ("starting", "ready", "draining")  # a replica holds its slice until it has stopped
 
 
+def held_slice_seconds(samples: list[dict[str, Any]], t_end: float) -> float | None:
+    """The slice-seconds the functions' replicas held from the first sample to `t_end`, from the
+    control plane's count in each function's status (`slice_seconds`: since it began, each
+    replica's slice from placement to release; `slices_held`: now): the count of the last sample
+    at or before `t_end` less the first's, plus the slices held at that sample until `t_end`, so
+    the span is the sampled integral's (costs), but no more than the count of the first sample
+    past `t_end` (a replica that stopped in between). None where a sample lacks it (a plane that
+    does not count: the samples' integral stands). E.g. 12.0 then 40.5 slice-s, 0.25 held at the
+    last sample, 2 s before t_end: 28.5 + 0.5 = 29.0; were the next sample's count 40.6: 28.6."""
+    within = [s for s in samples if s["t"] <= t_end] or samples[:1]
+    after = samples[len(within)] if len(within) < len(samples) else None  # the first sample past t_end
+    if not samples or any("slice_seconds" not in f for s in (within[0], within[-1], *([after] if after else []))
+                          for f in s["functions"].values()):
+        return None
+    first, last = within[0], within[-1]
+    total = 0.0
+    for name, f in last["functions"].items():
+        before = first["functions"].get(name, {}).get("slice_seconds", 0.0)
+        at_end = f["slice_seconds"] + f.get("slices_held", 0.0) * max(0.0, t_end - last["t"])
+        if after is not None:  # a replica that stopped before t_end held its slice no longer than that
+            at_end = min(at_end, after["functions"].get(name, {}).get("slice_seconds", at_end))
+        total += at_end - before
+    return total
+
+
 def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, Any]]) -> dict[str, Any]:
     """Replica-slice-seconds and device-seconds over the samples (each value held until the next sample,
     and nothing counted past `t_end`), beside a static allocation of each function's peak for the whole span:
-    the most slice it held at any sample (so slices resized by the controller count at their size)."""
+    the most slice it held at any sample (so slices resized by the controller count at their size). The
+    replica-slice-seconds are the control plane's exact count where the samples carry it
+    (held_slice_seconds), the samples' integral (also given as `replica_slice_seconds_sampled`) where not."""
     slice_s = replica_s = device_s = 0.0
     peak_replicas: dict[str, int] = {}
     peak_slices: dict[str, Fraction] = {}
@@ -203,13 +234,17 @@ def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, A
     static_slices = sum(peak_slices.values(), Fraction(0))
     static_slice_s = float(static_slices) * span
     kinds = sorted({d.get("kind", "?") for d in devices})
+    held = held_slice_seconds(samples, t_end)
     return {
-        "replica_slice_seconds": slice_s, "replica_seconds": replica_s, "device_seconds": device_s,
+        "replica_slice_seconds": held if held is not None else slice_s,
+        "replica_slice_seconds_source": "allocator" if held is not None else "samples",
+        "replica_slice_seconds_sampled": slice_s,
+        "replica_seconds": replica_s, "device_seconds": device_s,
         "gpu_seconds": device_s if "gpu" in kinds else None,
         "static_peak": {"replicas": peak_replicas, "slices": {k: str(v) for k, v in peak_slices.items()},
                         "replica_slice_seconds": static_slice_s,
                         "device_seconds": math.ceil(static_slices) * span},
-        "vs_static": slice_s / static_slice_s if static_slice_s > 0 else None,
+        "vs_static": (held if held is not None else slice_s) / static_slice_s if static_slice_s > 0 else None,
         "device_kinds": kinds, "emulated": any(d.get("emulated") for d in devices), "span_s": span,
     }
 

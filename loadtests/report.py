@@ -338,6 +338,15 @@ def _headline(s: dict[str, Any]) -> str:
         "</div>")
 
 
+def _same_measure(a: dict[str, Any], b: dict[str, Any]) -> tuple[Any, Any]:
+    """Two runs' replica-slice-seconds by one measure: the control plane's count where both have it,
+    else both sampled (a run recorded before the count, or on a plane without one, has only that)."""
+    if a.get("replica_slice_seconds_source") == b.get("replica_slice_seconds_source") == "allocator":
+        return a["replica_slice_seconds"], b["replica_slice_seconds"]
+    return (a.get("replica_slice_seconds_sampled", a["replica_slice_seconds"]),
+            b.get("replica_slice_seconds_sampled", b["replica_slice_seconds"]))
+
+
 def _comparison(s: dict[str, Any], o: dict[str, Any], charts: dict[str, Path]) -> str:
     def row(name: str, a: Any, b: Any, lower_is_better: bool = True) -> list[str]:
         ratio = (a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
@@ -349,7 +358,7 @@ def _comparison(s: dict[str, Any], o: dict[str, Any], charts: dict[str, Path]) -
         row("p50 (ms)", s["latency_ms"]["p50"], o["latency_ms"]["p50"]),
         row("p95 (ms)", s["latency_ms"]["p95"], o["latency_ms"]["p95"]),
         row("p99 (ms)", s["latency_ms"]["p99"], o["latency_ms"]["p99"]),
-        row("replica-slice-seconds", s["cost"]["replica_slice_seconds"], o["cost"]["replica_slice_seconds"]),
+        row("replica-slice-seconds", *_same_measure(s["cost"], o["cost"])),
         row("peak replicas", s["replicas"]["peak"], o["replicas"]["peak"]),
         row("cold starts (from zero)", s["cold_starts"].get("count"), o["cold_starts"].get("count")),
         row("replica starts", len(s["cold_starts"]["replica_starts"]), len(o["cold_starts"]["replica_starts"])),
@@ -397,8 +406,11 @@ def _cost(c: dict[str, Any]) -> str:
             [label, _f(c["device_seconds"]), _f(c["static_peak"]["device_seconds"])]]
     note = ("<p class='note'>Static peak: each function's most replicas at any sample "
             f"({html.escape(json.dumps(c['static_peak']['replicas']))}) held for the whole {c['span_s']:.0f} s, "
-            "on as many whole devices as their slices fill. Measured: the slices of every starting or ready replica, "
-            "sampled once a second."
+            "on as many whole devices as their slices fill. Measured: "
+            + ("each replica's slice from its placement to the release of its slice, as the control plane "
+               f"counted it (sampled once a second instead: {c['replica_slice_seconds_sampled']:.1f})."
+               if c.get("replica_slice_seconds_source") == "allocator" else
+               "the slices of every starting, ready or draining replica, sampled once a second.")
             + (" The devices are emulated: these are not GPU measurements." if c["emulated"] else "")
             + (" No GPU was used: the device is the CPU."
                if "gpu" not in c["device_kinds"] and not c["emulated"] else "")

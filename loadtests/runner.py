@@ -498,8 +498,10 @@ def _print_headline(s: dict[str, Any]) -> None:
           f" SLO attainment {slo}; p95 {_ms(s['latency_ms']['p95'])}")
     c = s["cost"]
     if c["static_peak"]["replica_slice_seconds"]:
-        print(f"cost {c['replica_slice_seconds']:.1f} replica-slice-seconds = {c['vs_static']:.2f}x a static peak "
-              f"allocation ({c['static_peak']['replica_slice_seconds']:.1f})")
+        how = ("the control plane's count" if c.get("replica_slice_seconds_source") == "allocator"
+               else "sampled once a second")
+        print(f"cost {c['replica_slice_seconds']:.1f} replica-slice-seconds ({how}) = {c['vs_static']:.2f}x a static "
+              f"peak allocation ({c['static_peak']['replica_slice_seconds']:.1f})")
     c = s["cold_starts"]
     if c.get("count") is not None:
         print(f"{c['count']} cold start(s) (a function raised from zero replicas), "

@@ -263,12 +263,15 @@ class ControlPlane:
 
     def status(self) -> dict[str, Any]:
         live = self.scaler.status(self.loop.snapshots, self.loop.decisions)
+        use = self.scaler.slice_use()
         functions = {}
         for name, (spec, revision) in self.source.functions().items():
+            slice_s, held = use.get(name, (0.0, 0.0))
             functions[name] = {"revision": revision, "slice": spec.slice.name, "slo_p95_ms": spec.scaling.slo_p95_ms,
                                "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
                                **self.loop.explain(name),
-                               "cold_starts": self.loop.exported.cold_starts.get(name, 0)}
+                               "cold_starts": self.loop.exported.cold_starts.get(name, 0),
+                               "slice_seconds": slice_s, "slices_held": held}
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
                 "policy": self.loop.policy.name, "gpu_sharing": {"mode": self.sharing.mode, "why": self.sharing.why}}
 

@@ -23,9 +23,14 @@ CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/
 
 
 def _metrics(url: str) -> dict:
-    from loadtests.analysis import counter_totals
+    from loadtests.analysis import COUNTERS, counter_totals
 
-    return counter_totals(httpx.get(f"{url}/metrics", timeout=10).text)
+    return counter_totals(httpx.get(f"{url}/metrics", timeout=10).text,
+                          (*COUNTERS, "shoal_replica_slice_seconds_total"))
+
+
+def _slice_seconds(m: dict, function: str) -> float:
+    return sum(v for k, v in m["shoal_replica_slice_seconds_total"].items() if dict(k)["function"] == function)
 
 
 def _gateway_requests(m: dict, function: str) -> dict[str, float]:
@@ -59,6 +64,7 @@ class Counted:
                 self.gateway[code] = self.gateway.get(code, 0.0) + v - before.get(code, 0.0)
         self.gateway = {k: v for k, v in self.gateway.items() if v}
         self.cold_starts = self._cold() - self.cold_before
+        self.slice_seconds = sum(_slice_seconds(after, f) - _slice_seconds(self.before, f) for f in self.functions)
         self.ready_events = [e for e in self.client.events(after=self.first_event)
                              if e["kind"] == "replica_ready" and e["function"] in self.functions]
 
@@ -138,6 +144,15 @@ def test_report_numbers_agree_with_locust_and_the_control_plane(runs):
     # cold starts: the control plane's counter and its replica_ready events
     assert summary["cold_starts"]["count"] == counted.cold_starts >= 1  # it started from zero
     assert len(summary["cold_starts"]["replica_starts"]) == len(counted.ready_events) >= 1
+    # cost: the control plane's exact count (each replica's slice from placement to release), read
+    # by the runner from its status samples; the same count in /metrics, read by this test around
+    # the run, covers a little more (the runner's start and end around the samples): at most 3
+    # replicas of 1/4 for 10 s more. The report's count at the run's end is bounded by the samples
+    # either side of it, so it may exceed the truth by at most what 3 replicas hold in one second
+    cost = summary["cost"]
+    assert cost["replica_slice_seconds_source"] == "allocator"
+    assert 0 < cost["replica_slice_seconds"] <= counted.slice_seconds + 3 * 0.25 * 1.0
+    assert counted.slice_seconds - cost["replica_slice_seconds"] < 3 * 0.25 * 10
     assert summary["cold_starts"]["requests_held"] >= 1
     # latency and SLO recomputed from the per-request rows
     latency = np.array([float(r["latency_ms"]) for r in rows])

@@ -22,7 +22,7 @@ from autoscaler.loop import Target
 from autoscaler.metrics import ReplicaStat
 from autoscaler.placement import Allocation, Demand, Device, Inventory, SliceCluster
 from autoscaler.policy import ScaleDecision
-from autoscaler.replicas import ControllerConfig, ReplicaScaler
+from autoscaler.replicas import ControllerConfig, ReplicaScaler, _SliceSeconds
 from functions.spec import FunctionSpec, ScalingSpec, SliceRequest
 
 
@@ -300,6 +300,23 @@ def test_the_scaler_takes_back_the_cheapest_idle_slice_and_places_the_waiting_fu
     assert scaler.takebacks.labels("f7", "gave")._value.get() == 1
     # the busy f0 and the 1 rps f1 kept their slices
     assert {r.function for r in scaler.replicas.values()} == {f"f{i}" for i in range(7)} | {"w"}
+
+
+def test_slice_seconds_count_each_replica_from_placement_to_the_release_of_its_slice():
+    # 8 replicas of 1/8 placed at 0 s; at 100 s each has held 100 x 1/8 = 12.5 slice-s. w takes
+    # f7's slice back at 100 s: f7's count stops there (it drains on, but its slice is w's), and
+    # w's runs from then: at 102 s, 2 x 1/8 = 0.25. Exported as shoal_replica_slice_seconds_total
+    scaler, _, _, _ = _full_scaler(take_back=True)
+    assert scaler.slice_use()["f3"] == (pytest.approx(12.5), 0.125)
+    _apply_w(scaler)
+    scaler.clock = lambda: 102.0
+    use = scaler.slice_use()
+    assert use["f7"] == (pytest.approx(12.5), 0.0) and use["w"] == (pytest.approx(0.25), 0.125)
+    assert use["f3"] == (pytest.approx(102 / 8), 0.125)
+    (family,) = _SliceSeconds(scaler.slice_use).collect()
+    assert family.name == "shoal_replica_slice_seconds" and family.type == "counter"
+    exported = {sample.labels["function"]: sample.value for sample in family.samples}
+    assert exported["f7"] == pytest.approx(12.5) and exported["w"] == pytest.approx(0.25)
 
 
 def test_without_take_back_the_waiting_requests_are_refused():
@@ -987,6 +1004,27 @@ def test_a_starting_replica_is_not_lent_while_its_function_has_traffic_or_at_its
     assert asyncio.run(run()) == []
 
 
+def test_a_quiet_function_lends_no_more_than_its_replicas_above_min_replicas():
+    # f1 (min_replicas 1) has a quiet ready replica and one starting: only one is lendable, the
+    # starting one (it serves nothing yet); two asks in a tick could otherwise take both
+    scaler, _, _, _ = _full_scaler(take_back=True, memory_mib=1024, time_share_busy=0.0)
+    floor = ScalingSpec(slo_p95_ms=500.0, idle_to_zero_s=60.0, min_replicas=1)
+
+    async def run():
+        pre, starting = await _prewarm(scaler, "f1")
+        for r in scaler.live("f1"):
+            r.spec = FunctionSpec("f1", r.spec.artifact, slice=r.spec.slice, scaling=floor)
+            if r.state == "ready":
+                r.stats = [ReplicaStat(r.id, 99.0, completed=100.0), ReplicaStat(r.id, 100.0, completed=100.0)]
+        idle = [i.replica for i in scaler._idle(100.0, {"w"})]
+        scaler.backend.halted[pre.id].set()
+        await asyncio.gather(starting, return_exceptions=True)
+        return pre, idle
+
+    pre, idle = asyncio.run(run())
+    assert idle == [pre.id]
+
+
 def test_a_quiet_functions_starting_replica_is_priced_from_its_last_activity():
     # f1 answered 1 request a second until 99 s and its one ready replica is now quiet; a second
     # replica of it starts. Both are idle, priced from f1's last activity (99 s, kept across its
@@ -996,10 +1034,11 @@ def test_a_quiet_functions_starting_replica_is_priced_from_its_last_activity():
 
     async def run():
         pre, starting = await _prewarm(scaler, "f1")
-        for r in scaler.live("f1"):
-            if r.state == "ready":
-                r.stats = [ReplicaStat(r.id, 99.0, completed=100.0), ReplicaStat(r.id, 100.0, completed=100.0)]
-        scaler._note_activity(100.0)
+        (ready,) = [r for r in scaler.live("f1") if r.state == "ready"]
+        ready.stats = [ReplicaStat(ready.id, 98.0, completed=99.0), ReplicaStat(ready.id, 99.0, completed=100.0)]
+        scaler._note_activity(99.0)  # it answered between 98 and 99 s
+        ready.stats = [ready.stats[1], ReplicaStat(ready.id, 100.0, completed=100.0)]
+        scaler._note_activity(100.0)  # and nothing since
         assert scaler.active_at["f1"] == 99.0
         idle = {i.replica: i for i in scaler._idle(100.0, {"w"})}
         scaler.backend.halted[pre.id].set()
@@ -1007,10 +1046,11 @@ def test_a_quiet_functions_starting_replica_is_priced_from_its_last_activity():
         return pre, idle
 
     pre, idle = asyncio.run(run())
-    assert sorted(i.function for i in idle.values()) == ["f1", "f1"]
+    assert sorted(i.function for i in idle.values()) == ["f1", "f1"] and idle[pre.id].active_at == 99.0
+    rate = scaler.rates["f1"].per_s  # about 1 a second (0.99 after the two looks)
     holds, _ = idle_holds(list(idle.values()), 100.0)
-    assert {h.replica: (RANKS[h.rank], round(h.value, 3)) for h in holds if h.replica == pre.id} == {
-        pre.id: ("kept", 2.5)}
+    (hold,) = [h for h in holds if h.replica == pre.id]
+    assert RANKS[hold.rank] == "kept" and hold.value == pytest.approx((1 - math.exp(-rate * 59)) * (1 + rate * 1.5))
 
 
 def test_a_replica_whose_stop_fails_is_still_freed_and_forgotten():

@@ -71,6 +71,39 @@ def test_draining_replicas_hold_their_slice_until_stopped():
     assert c["replica_slice_seconds"] == pytest.approx(0.5) and c["static_peak"]["replicas"] == {"f": 1}
 
 
+def counted(s: dict, slice_seconds: float, held: float) -> dict:
+    """`s` with the control plane's own count of its function (shoal up's status)."""
+    (f,) = s["functions"].values()
+    f.update(slice_seconds=slice_seconds, slices_held=held)
+    return s
+
+
+def test_the_control_planes_exact_count_is_the_cost_where_the_samples_carry_it():
+    # a 1/4 replica taken back at 0.9 s frees its slice then (10.0 + 0.25 x 0.9 = 10.225 slice-s
+    # since the plane began), and drains until 1.2 s. The sample at 1 s sees it draining: the
+    # samples' integral counts it to t_end, 0.25 x 2 = 0.5; the plane's count, 0.225, is the cost
+    samples = [counted(sample(0, [("a", "ready", "1/4", "cpu:0")]), 10.0, 0.25),
+               counted(sample(1, [("a", "draining", "1/4", "cpu:0")]), 10.225, 0.0)]
+    c = analysis.costs(samples, t_end=2.0, devices=CPU)
+    assert c["replica_slice_seconds"] == pytest.approx(0.225) and c["replica_slice_seconds_source"] == "allocator"
+    assert c["replica_slice_seconds_sampled"] == pytest.approx(0.5)
+    assert c["vs_static"] == pytest.approx(0.225 / 0.5)  # static: the peak 1/4 for the 2 s span
+    # slices still held at the last sample count until t_end: 0.25 held from 1 s to 3 s adds 0.5
+    samples[-1] = counted(sample(1, [("a", "ready", "1/4", "cpu:0")]), 10.25, 0.25)
+    assert analysis.costs(samples, t_end=3.0, devices=CPU)["replica_slice_seconds"] == pytest.approx(0.25 + 0.5)
+    # a sample after t_end counts for nothing: the count at 1 s and 0.25 held to t_end = 3 s, as above
+    samples.append(counted(sample(4, [("a", "ready", "1/4", "cpu:0")]), 11.0, 0.25))
+    assert analysis.costs(samples, t_end=3.0, devices=CPU)["replica_slice_seconds"] == pytest.approx(0.25 + 0.5)
+    # ... but it bounds the count at t_end: a replica that stopped at 1.4 s (10.35 at 4 s) held 0.1 more, not 0.5
+    samples[-1] = counted(sample(4, []), 10.35, 0.0)
+    assert analysis.costs(samples, t_end=3.0, devices=CPU)["replica_slice_seconds"] == pytest.approx(0.25 + 0.1)
+    del samples[-1]
+    # a plane that does not count (no `slice_seconds` in a sample): the samples' integral stands
+    del samples[0]["functions"]["f"]["slice_seconds"]
+    c = analysis.costs(samples, t_end=3.0, devices=CPU)
+    assert c["replica_slice_seconds"] == pytest.approx(0.75) and c["replica_slice_seconds_source"] == "samples"
+
+
 def test_no_replica_means_no_static_cost_and_no_ratio():
     c = analysis.costs([sample(0, [("b", "stopped", "1/4", "cpu:0")])], t_end=5.0, devices=CPU)
     assert c["replica_slice_seconds"] == 0 and c["static_peak"]["replica_slice_seconds"] == 0

@@ -78,3 +78,13 @@ def test_cold_starts_are_raises_from_zero_and_replica_starts_are_counted_apart()
          "phases_max_s": {}, "phases_mean_s": {}}
     text = report._cold({"cold_starts": c})
     assert text.startswith("<p>1 cold start(s), each a function raised from zero replicas; 3 replica start(s)")
+
+
+def test_two_runs_slice_seconds_are_compared_by_one_measure():
+    # both counted: the counts; one of them sampled only (recorded before the count): both sampled
+    counted = {"replica_slice_seconds": 490.8, "replica_slice_seconds_source": "allocator",
+               "replica_slice_seconds_sampled": 530.1}
+    old = {"replica_slice_seconds": 546.7}
+    assert report._same_measure(counted, dict(counted, replica_slice_seconds=500.0)) == (490.8, 500.0)
+    assert report._same_measure(counted, old) == (530.1, 546.7)
+    assert report._same_measure(old, counted) == (546.7, 530.1)
