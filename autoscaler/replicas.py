@@ -560,10 +560,10 @@ class ReplicaScaler:
 
     def _idle(self, now: float, excluded: set[str]) -> list[Idle]:
         """The replicas, ready or starting, of quiet functions not in `excluded`, as many as are
-        above their min_replicas (starting ones first, then the newest ready): a quiet function has nothing held at the gateway, and each of its ready
-        replicas was scraped twice since ready, had nothing in flight or queued at the last scrape
-        and answered nothing between the two (the simulator's function without traffic in the
-        tick: Simulation._holds). A busy function's replica between two requests is not idle but
+        above their min_replicas (starting ones first, then the newest ready): a quiet function
+        has nothing held at the gateway, and each of its ready replicas was scraped twice since
+        ready, had nothing in flight or queued at the last scrape and answered nothing between the
+        two (the simulator's function without traffic in the tick: Simulation._holds). A busy function's replica between two requests is not idle but
         ranked by its function's need (_busy_holds); one just ready (it may have just answered
         the requests held through its cold start) makes its function not quiet. A request that
         reaches an idle one after the scrape is answered before it stops (the drain waits). The
@@ -579,7 +579,7 @@ class ReplicaScaler:
         for r in self.replicas.values():
             if r.state in ("starting", "ready") and r.moving_from is None:
                 live[r.function] = live.get(r.function, 0) + 1
-            if r.state == "ready" and (len(r.stats) < 2 or r.stats[-1].inflight > 0 or r.stats[-1].queued > 0
+            if r.state == "ready" and (len(r.stats) < 2 or not _between_requests(r)
                                        or r.stats[-1].completed > r.stats[0].completed):
                 busy.add(r.function)
         out = []

@@ -192,10 +192,12 @@ def held_slice_seconds(samples: list[dict[str, Any]], t_end: float) -> float | N
     past `t_end` (a replica that stopped in between). None where a sample lacks it (a plane that
     does not count: the samples' integral stands). E.g. 12.0 then 40.5 slice-s, 0.25 held at the
     last sample, 2 s before t_end: 28.5 + 0.5 = 29.0; were the next sample's count 40.6: 28.6."""
+    if not samples:
+        return None
     within = [s for s in samples if s["t"] <= t_end] or samples[:1]
     after = samples[len(within)] if len(within) < len(samples) else None  # the first sample past t_end
-    if not samples or any("slice_seconds" not in f for s in (within[0], within[-1], *([after] if after else []))
-                          for f in s["functions"].values()):
+    if any("slice_seconds" not in f for s in (within[0], within[-1], *([after] if after else []))
+           for f in s["functions"].values()):
         return None
     first, last = within[0], within[-1]
     total = 0.0
@@ -235,8 +237,9 @@ def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, A
     static_slice_s = float(static_slices) * span
     kinds = sorted({d.get("kind", "?") for d in devices})
     held = held_slice_seconds(samples, t_end)
+    measured = held if held is not None else slice_s
     return {
-        "replica_slice_seconds": held if held is not None else slice_s,
+        "replica_slice_seconds": measured,
         "replica_slice_seconds_source": "allocator" if held is not None else "samples",
         "replica_slice_seconds_sampled": slice_s,
         "replica_seconds": replica_s, "device_seconds": device_s,
@@ -244,7 +247,7 @@ def costs(samples: list[dict[str, Any]], t_end: float, devices: list[dict[str, A
         "static_peak": {"replicas": peak_replicas, "slices": {k: str(v) for k, v in peak_slices.items()},
                         "replica_slice_seconds": static_slice_s,
                         "device_seconds": math.ceil(static_slices) * span},
-        "vs_static": (held if held is not None else slice_s) / static_slice_s if static_slice_s > 0 else None,
+        "vs_static": measured / static_slice_s if static_slice_s > 0 else None,
         "device_kinds": kinds, "emulated": any(d.get("emulated") for d in devices), "span_s": span,
     }
 
