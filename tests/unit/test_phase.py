@@ -41,3 +41,31 @@ def test_bad_shifts_are_refused(small, shifts, message, capsys):
     with pytest.raises(SystemExit):
         phase.main(["gamma-cv4-40", "--shifts-ms", shifts])
     assert message in capsys.readouterr().err
+
+
+def test_policies_run_side_by_side_on_each_shift(small, tmp_path, capsys):
+    out = tmp_path / "phase.json"
+    assert phase.main(["real-4x", "--shifts-ms", "0,5", "--policies", "shoal,static", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["policies"] == ["shoal", "static"]
+    rows = data["rows"]
+    assert [(r["policy"], r["shift_ms"]) for r in rows] == [("shoal", 0.0), ("static", 0.0), ("shoal", 5.0),
+                                                              ("static", 5.0)]
+    # both on the same arrivals at each shift
+    assert rows[0]["requests"] == rows[1]["requests"] and rows[2]["requests"] == rows[3]["requests"]
+    printed = capsys.readouterr().out
+    assert " shoal:" in printed and " static:" in printed and printed.count("points, mean") == 2
+
+
+def test_summary_works_out_the_range_and_means():
+    rows = [{"slo": 0.99, "slice_s": 100.0}, {"slo": 0.995, "slice_s": 120.0}]
+    # SLO 99.0 and 99.5 %: range 0.5, mean 99.25; slice-s 100 and 120: 1.2x, mean 110
+    assert phase.summary(rows) == ("SLO 99.000-99.500 % (range 0.500 points, mean 99.250); "
+                                   "slice-s 100.0-120.0 (1.200x, mean 110.0)")
+
+
+@pytest.mark.parametrize("policies", [pytest.param("", id="none"), pytest.param("shoal,knative", id="unknown")])
+def test_unknown_policies_are_refused(small, policies, capsys):
+    with pytest.raises(SystemExit):
+        phase.main(["real-4x", "--policies", policies])
+    assert "expected comma-separated names of shoal" in capsys.readouterr().err
