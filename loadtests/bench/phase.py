@@ -4,7 +4,8 @@ loadtests/bench/policy.py at one seed and batcher, its arrivals shifted later by
 milliseconds (Trace.shifted: the same traffic at another phase of the controller's ticks), and
 the SLO attainment and slice-seconds of each are printed with their range and mean. A change
 judged on a cell whose own range is wider than the change's effect has not been judged on it.
-Simulated, no GPU figure; results: docs/policy-changes.md, "The ticks' phase".
+Simulated, no GPU figure; results: docs/policy-changes.md, "The ticks' phase", and
+docs/benchmarks.md, "At every tick phase".
 
     python -m loadtests.bench.phase TRACE [--seed 3] [--batcher rule|exact] [--shifts-ms 0,1,2,5,10,20,50]
         [--policies shoal,kpa-tuned,...] [--json OUT]
@@ -62,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     policies = tuple(dict.fromkeys(x.strip() for x in args.policies.split(",")))
-    unknown = [x for x in policies if x not in POLICIES]
-    if unknown or not policies:
-        p.error(f"--policies {args.policies!r}: expected comma-separated names of {', '.join(POLICIES)}")
+    unknown = [x for x in policies if x not in POLICIES]  # an empty one too ("" or "a,,b")
+    if unknown:
+        p.error(f"--policies {args.policies!r}: {', '.join(map(repr, unknown))} unknown; "
+                f"expected comma-separated names of {', '.join(POLICIES)}")
     try:
         shifts = [float(s) for s in args.shifts_ms.split(",")]
     except ValueError:
@@ -78,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in rows if r["policy"] == policy]
         if len(policies) > 1:
             print(f" {policy}:")
-        for r in mine:
+        for r in mine:  # wall_s is the shift's run of every policy: printed where it is one's
+            took = f", {r['wall_s']:.0f} s" if len(policies) == 1 else ""
             print(f"  shifted {r['shift_ms']:g} ms: {100 * r['slo']:.3f} % at {r['slice_s']:,.1f} slice-s "
-                  f"({r['requests']:,} requests, {r['wall_s']:.0f} s)")
+                  f"({r['requests']:,} requests{took})")
         print(f"  {summary(mine)}")
+    if len(policies) > 1:
+        print(f" {sum(r['wall_s'] for r in rows if r['policy'] == policies[0]):.0f} s for every policy at every shift")
     if args.json:
         args.json.write_text(json.dumps({"trace": args.trace, "seed": args.seed, "batcher": args.batcher,
                                          "policies": list(policies), "simulated": True, "rows": rows},

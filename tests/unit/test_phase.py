@@ -27,8 +27,10 @@ def test_each_shift_runs_the_same_traffic_at_another_phase(small, tmp_path, caps
     # those the shift moves past the trace's end or into the count from the warm-up's last 10 ms
     assert rows[0]["requests"] != rows[1]["requests"]
     assert abs(rows[0]["requests"] - rows[1]["requests"]) < 0.001 * rows[0]["requests"]
+    assert {r["policy"] for r in rows} == {"shoal"}  # the default: Shoal alone
     printed = capsys.readouterr().out
     assert "shifted 10 ms:" in printed and "points, mean" in printed
+    assert "Shoal alone" in printed and " shoal:" not in printed
 
 
 @pytest.mark.parametrize("shifts, message", [
@@ -68,4 +70,6 @@ def test_summary_works_out_the_range_and_means():
 def test_unknown_policies_are_refused(small, policies, capsys):
     with pytest.raises(SystemExit):
         phase.main(["real-4x", "--policies", policies])
-    assert "expected comma-separated names of shoal" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown; expected comma-separated names of shoal" in err
+    assert ("'knative'" in err) == ("knative" in policies)  # the one not known is named
