@@ -453,10 +453,17 @@ class _Servers:
 
 class Simulation:
     def __init__(self, trace: Trace, profiles: list[Profile], policy: SimPolicy, config: SimConfig = SimConfig(),
-                 initial: dict[int, int] | None = None):
+                 initial: dict[int, int] | None = None, deployed_at: float = 0.0):
+        """`deployed_at`: when the functions at zero were deployed, on the trace's clock: their first
+        look is the first tick at or after it, or a request's poke before that (_deploy_looks);
+        at or before 0, a look at t = 0."""
         if len(profiles) != len(trace.functions):
             raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
+        if not math.isfinite(deployed_at):
+            raise ValueError(f"deployed_at ({deployed_at}) must be a finite time")
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
+        self.deployed_at = deployed_at
+        self._settled_once: set[int] = set()  # functions a look was acted on for (every look at one at zero is)
         n = len(profiles)
         self.specs = [_as_class(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
@@ -589,10 +596,12 @@ class Simulation:
             raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")
         warm_ticks = round(self.config.warmup_s / dt)
         start = 0
-        if self.policy.reactive:
-            self._deploy_looks(0.0)
+        deploy_pending = self.policy.reactive
         for k in range(ticks):
             t0, t1 = k * dt, (k + 1) * dt
+            if deploy_pending and t0 >= self.deployed_at - 1e-9:
+                self._deploy_looks(t0)
+                deploy_pending = False
             if k == warm_ticks and k > 0:
                 self._reset_counts()
             for fid, desired in self.policy.scheduled(k):
@@ -1212,12 +1221,17 @@ class Simulation:
     # ------------------------------------------------------------------ decisions
 
     def _deploy_looks(self, now: float) -> None:
-        """The first look at every function at zero, at its deploy (t=0), as the live loop looks
-        at every registered function: nothing measured yet. One warm-started was deployed before
-        the trace (as if it had been running): its first look is the first tick's, with that
-        tick's measurements (a look at t=0 would read a window of no traffic that never was)."""
+        """The first look at every function at zero, at the first tick at or after its deploy
+        (`deployed_at`; t = 0 by default), as the live loop looks at every registered function on
+        its ticks: nothing measured yet. One a request's poke looked at before that (deployed
+        between two ticks, its first request before the next) is not looked at again: its first
+        look was the poke's, and where its policy's windows begin (the error budget's) goes with
+        it (docs/simlive.md, "The deploy's tick"). One warm-started was deployed before the trace
+        (as if it had been running): its first look is the first tick's, with that tick's
+        measurements (a look at t=0 would read a window of no traffic that never was)."""
         for fid in np.flatnonzero(self.n_srv == 0).tolist():
-            self._decide(fid, now, activator_queue=0)
+            if fid not in self._settled_once:
+                self._decide(fid, now, activator_queue=0)
 
     def _measure_cold(self, fids) -> None:
         """These functions have had a replica ready: their cold start is measured (create to
@@ -1310,6 +1324,7 @@ class Simulation:
 
     def _settle(self, fid: int, snapshot: MetricsSnapshot, decision: ScaleDecision, now: float) -> None:
         """`decision` on `snapshot` applied, then the function's quiet time and wake-up."""
+        self._settled_once.add(fid)
         self._apply(fid, decision, now)
         current = len(self.slots[fid])  # the same as n_srv[fid], without a numpy read
         cold = self._cold[fid]

@@ -181,11 +181,13 @@ def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE, in
     from loadtests import manyfunctions, runner
 
     state = out.parent / f"{out.name}-state"
+    deployed_at = None
     proc, url = manyfunctions.start_up(state, DEVICES, True, TICK_S,
                                        ("--policy", policy, "--hold-timeout-s", f"{HOLD_TIMEOUT_S:g}"))
     try:
         token = runner._read_token(str(state))
         deploy(url, token, profile, initial)
+        deployed_at = time.time()  # the load's start (requests.t0) is on this clock too
         if initial:
             wait_ready(url, token, initial)
         argv = ["csv", "--function", FUNCTION, "--trace", str(window.path), "--duration", f"{window.duration_s:g}",
@@ -194,8 +196,9 @@ def live_run(policy: str, window: Window, out: Path, profile: Path = PROFILE, in
         code = runner.main(argv)
     finally:
         manyfunctions.stop_up(proc)
-    if out.is_dir():  # how it was started, for a later --sim-only (started_with)
-        (out / "simlive.json").write_text(json.dumps({"policy": policy, "initial": initial}) + "\n")
+    if out.is_dir():  # how it was started, for a later --sim-only (started_with, deployed_before_s)
+        (out / "simlive.json").write_text(json.dumps({"policy": policy, "initial": initial,
+                                                      "deployed_at": deployed_at}) + "\n")
     if not (out / "summary.json").exists():
         raise runner.LoadTestError(f"shoal loadtest {' '.join(argv)} wrote no summary (exit {code})")
     return live_numbers(json.loads((out / "summary.json").read_text()))
@@ -206,6 +209,17 @@ def started_with(folder: Path) -> int:
     folder without one is of a run from zero, made before --initial)."""
     path = folder / "simlive.json"
     return int(json.loads(path.read_text()).get("initial", 0)) if path.exists() else 0
+
+
+def deployed_before_s(folder: Path) -> float | None:
+    """How long before the load's start (requests.t0) a live run in `folder` deployed its function
+    (live_run's simlive.json); None for a run that did not record it (made before 2026-12-01,
+    late): its simulator deploys at t = 0, as it always had."""
+    path, start = folder / "simlive.json", folder / "requests.t0"
+    if not (path.exists() and start.exists()) or not start.read_text().split():
+        return None
+    deployed = json.loads(path.read_text()).get("deployed_at")
+    return None if deployed is None else float(start.read_text().split()[0]) - float(deployed)
 
 
 def deploy(url: str, token: str | None, profile: Path, initial: int = 0) -> None:
@@ -309,7 +323,8 @@ def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) ->
 
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
             phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S,
-            path_s: float = REQUEST_PATH_S, initial: int = 0, routing: str = "fewest") -> dict[str, Any]:
+            path_s: float = REQUEST_PATH_S, initial: int = 0, routing: str = "fewest",
+            deployed_s: float | None = None) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
     live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
@@ -322,7 +337,11 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     0.15 s later, and each tick sees the same 0.85 s of a second's arrivals as live. Each batch
     takes `overhead_s` more than the profile says (sim_profile), and each request `path_s` more
     on its way (LiveDataPath). `initial` > 0: the function starts with that many replicas ready
-    (live, the load begins once its initial replicas are ready), else at zero."""
+    (live, the load begins once its initial replicas are ready), else at zero. `deployed_s`: how
+    long before the load's start the function was deployed (deployed_before_s): its first look is
+    the first tick after that, as live (Simulation's `deployed_at`; on the live ticks' clock a deploy
+    between the last tick and the load's first request is first looked at by that request's poke,
+    and the error budget's windows begin there); None: a look at t = 0."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
@@ -334,8 +353,9 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     if late:
         trace = Trace(trace.kind, trace.duration_s + late, trace.functions, trace.times + late, trace.fids,
                       {**trace.params, "late_s": late}, trace.rates)
+    deployed_at = 0.0 if deployed_s is None else late - deployed_s  # on the simulator's clock
     return live_data_path(path_s)(trace, [sim_profile(profile, cold_start_s, overhead_s)], made, config,
-                                  {0: initial} if initial else None).run()
+                                  {0: initial} if initial else None, deployed_at=deployed_at).run()
 
 
 def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S, min_ticks: int = 20,
@@ -601,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             timing = live_tick_timing(folder)
             phase, tick = timing if timing is not None else (None, TICK_S)
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
-                   "initial": args.initial, "profile": args.profile, "routing": args.routing}
+                   "initial": args.initial, "profile": args.profile, "routing": args.routing,
+                   "deployed_s": deployed_before_s(folder)}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             # one replica served it all: one start in the load and none before it, or an initial one alone
             measured = live_overhead_s(folder, args.profile) if live["replica_starts"] + args.initial == 1 else None

@@ -448,3 +448,34 @@ def test_another_profile_and_trace_are_in_the_commands(tmp_path):
     plain.policies = ["shoal"]
     default = simlive.commands(plain, window, tmp_path)
     assert "--profile" not in default[0] and "emulated_code.yaml" in default[1]
+
+
+def test_the_deploy_before_the_load_sets_the_simulators_first_look(tmp_path, monkeypatch):
+    """A live run records its deploy (simlive.json's deployed_at, on requests.t0's clock);
+    deployed_before_s is the load's start less it, and sim_run's first look at the function is
+    the first tick after it on the live ticks' clock. Phase 0.3: live ticks at 0.3 - 1 = -0.7 and
+    0.3 s of the load, the simulator's at 0 and 1 s with the arrivals 0.7 s later. Deployed 1.5 s
+    before the load (-1.5 < -0.7): a first look at the tick at -0.7, the simulator's 0. Deployed
+    0.5 s before (-0.5 > -0.7): no tick between it and the request at 0.0, whose poke is the first
+    look, at the simulator's 0.7."""
+    from loadtests.bench import simlive
+
+    path = tmp_path / "window.csv"
+    path.write_text(csv_text([0.0, 0.9, 2.5]))
+    window = simlive.Window(path, 4.0, 3, "test", 1.0, 1.0)
+    (tmp_path / "requests.t0").write_text("1000.0\n")
+    assert simlive.deployed_before_s(tmp_path) is None  # a run that recorded no deploy
+    (tmp_path / "simlive.json").write_text('{"policy": "shoal", "initial": 0, "deployed_at": 998.5}\n')
+    assert simlive.deployed_before_s(tmp_path) == pytest.approx(1.5)
+    firsts = []
+
+    class Watch(simlive.live_data_path()):
+        def _settle(self, fid, snapshot, decision, now):
+            firsts.append(now)
+            return super()._settle(fid, snapshot, decision, now)
+
+    monkeypatch.setattr(simlive, "live_data_path", lambda *_: Watch)
+    for before, first in ((1.5, 0.0), (0.5, 0.7), (None, 0.0)):
+        firsts.clear()
+        simlive.sim_run("shoal", window, 2.0, phase=0.3, deployed_s=before)
+        assert firsts[0] == pytest.approx(first), before
