@@ -456,14 +456,16 @@ class Simulation:
                  initial: dict[int, int] | None = None, deployed_at: float = 0.0):
         """`deployed_at`: when the functions at zero were deployed, on the trace's clock: their first
         look is the first tick at or after it, or a request's poke before that (_deploy_looks);
-        at or before 0, a look at t = 0."""
+        at or before 0, a look at t = 0; after the trace's last tick, none but a poke's."""
         if len(profiles) != len(trace.functions):
             raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
         if not math.isfinite(deployed_at):
             raise ValueError(f"deployed_at ({deployed_at}) must be a finite time")
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         self.deployed_at = deployed_at
-        self._settled_once: set[int] = set()  # functions a look was acted on for (every look at one at zero is)
+        # functions a look was acted on for (every look at one at zero is), and those warm-started:
+        # running before the trace, deployed before it (_deploy_looks)
+        self._settled_once: set[int] = {fid for fid, n in (initial or {}).items() if n}
         n = len(profiles)
         self.specs = [_as_class(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
         self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
@@ -599,11 +601,11 @@ class Simulation:
         deploy_pending = self.policy.reactive
         for k in range(ticks):
             t0, t1 = k * dt, (k + 1) * dt
+            if k == warm_ticks and k > 0:
+                self._reset_counts()
             if deploy_pending and t0 >= self.deployed_at - 1e-9:
                 self._deploy_looks(t0)
                 deploy_pending = False
-            if k == warm_ticks and k > 0:
-                self._reset_counts()
             for fid, desired in self.policy.scheduled(k):
                 self._apply(fid, ScaleDecision(desired, "SCHEDULED"), t0)
             a, f = times[start:bounds[k]], fids[start:bounds[k]]
@@ -624,6 +626,8 @@ class Simulation:
                 self.slice_seconds += sum(m[3] for m in self._moves.values()) * dt
                 self.replica_seconds += len(self._moves) * dt
             self.gpu_seconds += self.cluster.devices_in_use() * dt
+        if deploy_pending and ticks == 0:  # a trace of no tick: its deploy looked at all the same
+            self._deploy_looks(0.0)
         # requests still held at the end never got an answer in the run
         self.timed_out += sum(len(v) for v in self.held.values())
         return self.record(_time.perf_counter() - started)

@@ -339,9 +339,11 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     on its way (LiveDataPath). `initial` > 0: the function starts with that many replicas ready
     (live, the load begins once its initial replicas are ready), else at zero. `deployed_s`: how
     long before the load's start the function was deployed (deployed_before_s): its first look is
-    the first tick after that, as live (Simulation's `deployed_at`; on the live ticks' clock a deploy
-    between the last tick and the load's first request is first looked at by that request's poke,
-    and the error budget's windows begin there); None: a look at t = 0."""
+    the first tick at or after that, as live (Simulation's `deployed_at`; on the live ticks' clock a
+    deploy between the last tick and the load's first request is first looked at by that request's
+    poke or the next tick, and the error budget's windows begin there); None: a look at t = 0. A
+    deploy more than `late` + a tick before the load is looked at on the simulator's first tick,
+    t = 0, a whole tick or more after live's (the runs here deploy 0.5-0.7 s before)."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 
@@ -628,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = live_overhead_s(folder, args.profile) if live["replica_starts"] + args.initial == 1 else None
             path = live_path_s(folder, args.overhead_ms / 1000.0, args.profile)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
+                               "deployed_s": run["deployed_s"],
                                "tick_s": tick, "overhead_ms": args.overhead_ms,
                                "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3),
                                "path_ms": args.path_ms,

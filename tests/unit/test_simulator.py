@@ -1548,6 +1548,8 @@ def test_the_first_look_is_the_first_tick_after_the_deploy(deployed_at, first_lo
         firsts.setdefault(snapshot.function, now)
     assert firsts == first_looks
     assert [now for now, s in policy.seen if s.function == "f1"] == [first_looks["f1"]]  # one deploy look
+    f0 = [now for now, s in policy.seen if s.function == "f0"]
+    assert len(f0) == len(set(f0))  # a function its poke looked at first gets no deploy look after it
 
 
 def test_a_deploy_time_must_be_finite():
