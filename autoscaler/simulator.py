@@ -598,7 +598,10 @@ class Simulation:
             raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")
         warm_ticks = round(self.config.warmup_s / dt)
         start = 0
-        deploy_pending = self.policy.reactive
+        deploy_pending = self.policy.reactive  # the deploy looks: at t=0, or at the first tick after a later deploy
+        if deploy_pending and self.deployed_at <= 0:
+            self._deploy_looks(0.0)
+            deploy_pending = False
         for k in range(ticks):
             t0, t1 = k * dt, (k + 1) * dt
             if k == warm_ticks and k > 0:
@@ -626,8 +629,6 @@ class Simulation:
                 self.slice_seconds += sum(m[3] for m in self._moves.values()) * dt
                 self.replica_seconds += len(self._moves) * dt
             self.gpu_seconds += self.cluster.devices_in_use() * dt
-        if deploy_pending and ticks == 0:  # a trace of no tick: its deploy looked at all the same
-            self._deploy_looks(0.0)
         # requests still held at the end never got an answer in the run
         self.timed_out += sum(len(v) for v in self.held.values())
         return self.record(_time.perf_counter() - started)

@@ -215,11 +215,18 @@ def deployed_before_s(folder: Path) -> float | None:
     """How long before the load's start (requests.t0) a live run in `folder` deployed its function
     (live_run's simlive.json); None for a run that did not record it (made before 2026-12-01,
     late): its simulator deploys at t = 0, as it always had."""
-    path, start = folder / "simlive.json", folder / "requests.t0"
-    if not (path.exists() and start.exists()) or not start.read_text().split():
+    path, start = folder / "simlive.json", _load_start(folder)
+    if not path.exists() or start is None:
         return None
     deployed = json.loads(path.read_text()).get("deployed_at")
-    return None if deployed is None else float(start.read_text().split()[0]) - float(deployed)
+    return None if deployed is None else start - float(deployed)
+
+
+def _load_start(folder: Path) -> float | None:
+    """When a live run's load began (requests.t0, wall clock), or None without one."""
+    path = folder / "requests.t0"
+    words = path.read_text().split() if path.exists() else []
+    return float(words[0]) if words else None
 
 
 def deploy(url: str, token: str | None, profile: Path, initial: int = 0) -> None:
@@ -451,10 +458,10 @@ def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S, profile: P
 
 def live_tick_timing(folder: Path) -> tuple[float, float] | None:
     """tick_timing of a live report folder (its events.json and the load's start, requests.t0)."""
-    events, start = folder / "events.json", folder / "requests.t0"
-    if not (events.exists() and start.exists()) or not start.read_text().split():
+    events, start = folder / "events.json", _load_start(folder)
+    if not events.exists() or start is None:
         return None
-    return tick_timing(json.loads(events.read_text()), float(start.read_text().split()[0]))
+    return tick_timing(json.loads(events.read_text()), start)
 
 
 def live_data_path(path_s: float = REQUEST_PATH_S):
