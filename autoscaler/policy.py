@@ -81,6 +81,9 @@ class PolicyConfig:
     prewarm_margin_s: float = 3.0  # warm this long before the expected onset (plus the cold start)
     periodic_keep_s: float = 10.0  # a timer's replica goes this long after its traffic stops
     slice_hints: bool = True  # ask for a larger or smaller slice (off: replicas keep the slice they start on)
+    # a lone replica kept idle past the spec's idle_to_zero_s asks for the least slice that serves
+    # a start (as a start from zero does: _start_slice), since it idles on it (off: only duty shrinks it)
+    idle_shrink: bool = True
     slice_hot_duty: float = 0.85
     slice_cold_duty: float = 0.15
     slice_window_s: float = 300.0  # duty averaged (EWMA time constant) and changes spaced by this
@@ -810,7 +813,8 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     """For a function the last decide() saw idle (nothing in flight, held or answered) at
     `current` replicas: the earliest time a decide() without new traffic could change
     the count, so a caller with many idle functions may skip looking until then. The
-    first of: idle_to_zero_s after the last activity; for periodic traffic, the early
+    first of: idle_to_zero_s after the last activity (a lone replica's idle shrink, or its
+    keep-alive's end); for periodic traffic, the early
     zero and the next pre-warm; the end of the delay window of the last need that kept
     `current` replicas; the end of the error budget's window when its close adds a spare (more
     than miss_budget of its requests over the SLO), or the close that would take one (the
@@ -821,6 +825,10 @@ def quiet_until(state: PolicyState, spec: ScalingSpec, current: int, now: float,
     if state.last_active_at is None:
         return now
     until = state.last_active_at + keep_alive_s(state, spec, config)
+    shrink_at = state.last_active_at + spec.idle_to_zero_s  # the idle shrink's look (_idle_shrink)
+    if (config.slice_hints and config.idle_shrink and current == 1 and now < shrink_at
+            and (state.slice_fraction is None or state.slice_fraction > config.min_slice + EPS)):
+        until = min(until, shrink_at)
     budget = state.budget
     if budget is not None and state.served_over > config.miss_budget * state.served:
         until = min(until, budget.since + config.budget_window_s)  # its close adds a spare
@@ -855,9 +863,16 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
     (_half_serves_as_much), asks for half. E.g. duty EWMA 0.9 >= 0.85 on a 1/4 slice at
     max_replicas -> 1/2; duty 0.05 <= 0.15, p95 20 ms x 2 = 40 <= 80 ms target, needs at most
     0.1 -> 1/8.
-    `state` holds this snapshot's duty sample already (decide() records it)."""
+    `state` holds this snapshot's duty sample already (decide() records it). A lone replica
+    kept idle past the spec's idle_to_zero_s (the keep-alive's price holds it longer) asks at
+    once for the least slice a start from zero would get (_least_slice, _idle_shrink)."""
     current_slice = snapshot.slice_fraction
-    if not config.slice_hints or current_slice is None or state.duty_avg is None or snapshot.ready == 0:
+    if not config.slice_hints or current_slice is None or snapshot.ready == 0:
+        return decision, state
+    shrunk = _idle_shrink(decision, snapshot, spec, state, now, config)
+    if shrunk is not None:
+        return shrunk
+    if state.duty_avg is None:
         return decision, state
     if state.slice_at is not None and now - state.slice_at < config.slice_window_s:
         return decision, state
@@ -877,6 +892,31 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
         return decision, state
     hinted, state = _asking_slice(decision, state, wanted, f"duty {state.duty_avg:.2f} on a {current_slice:g} slice "
                                   f"-> {wanted:g}", now)
+    if decision.reason in ("STABLE", "HOLD"):
+        hinted = hinted._replace(reason="SLICE")
+    return hinted, state
+
+
+def _idle_shrink(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
+                 now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState] | None:
+    """A lone ready replica with nothing in flight, held or answered since idle_to_zero_s,
+    kept (the decision keeps it) by the keep-alive's price: on the least slice a start from zero
+    would get (_least_slice from the slice it runs on), since it spends the rest of its life idle
+    there, as a replica started from zero does (_start_slice). The move starts a replica on the
+    new slice; the old one serves until it is ready. E.g. idle 60 s on 1/2, 30 ms a request there,
+    SLO 500 ms (half the p95 target 200 ms): 1/8 (120 ms). None: not idle so long, or no smaller
+    slice serves."""
+    if (not config.idle_shrink or snapshot.ready != 1 or snapshot.starting or decision.desired != 1
+            or snapshot.demand > 0 or snapshot.rps > 0 or snapshot.inflight > 0 or state.last_active_at is None
+            or now - state.last_active_at < spec.idle_to_zero_s - EPS):
+        return None
+    current_slice = snapshot.slice_fraction
+    least = None if current_slice is None else _least_slice(snapshot, spec, state, current_slice, config)
+    if least is None or current_slice is None or least[0] >= current_slice - EPS:
+        return None
+    wanted, alone_s = least
+    hinted, state = _asking_slice(decision, state, wanted, f"idle {now - state.last_active_at:.0f} s: kept on a "
+                                  f"{wanted:g} slice, a request alone {1000 * alone_s:.0f} ms", now)
     if decision.reason in ("STABLE", "HOLD"):
         hinted = hinted._replace(reason="SLICE")
     return hinted, state
@@ -928,11 +968,29 @@ def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     if (decision.desired <= 0 or decision.reason not in ("COLD_START", "FORECAST") or not config.slice_hints
             or current_slice is None):
         return decision, state
+    least = _least_slice(snapshot, spec, state, max(current_slice, snapshot.deployed_slice or 0.0), config)
+    if least is None or abs(least[0] - current_slice) <= EPS:
+        return decision, state
+    wanted, alone_s = least
+    return _asking_slice(decision, state, wanted, f"starts on a {wanted:g} slice: a request alone "
+                         f"{1000 * alone_s:.0f} ms", now)
+
+
+def _least_slice(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, top: float,
+                 config: PolicyConfig) -> tuple[float, float] | None:
+    """(slice, a request alone's seconds on it): `top` halved while the half is at least
+    min_slice, the requests a start is for run one by one there within half the p95 target, and
+    the half serves as much under load (_half_serves_as_much). Those requests: the ones waiting,
+    at least one, or as many as its past cold starts held if more (cold_misses); a request
+    alone's time: the learned batch table's first size, or else the longest service a look
+    measured per request (_service_sample), at the slice's speed. None: nothing measured yet."""
+    current_slice = snapshot.slice_fraction
+    if current_slice is None:
+        return None
     table = snapshot.batch_latency_s
     alone = table[0][1] if table else _service_on(state, current_slice)
     if alone is None:
-        return decision, state
-    top = max(current_slice, snapshot.deployed_slice or 0.0)
+        return None
     speed = current_slice / top  # how many times slower than on current_slice (below 1: faster)
     half_target = p95_target_s(spec, config) / 2.0
     budget = batch_budget_s(spec, config)
@@ -941,10 +999,7 @@ def _start_slice(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     while (wanted / 2 >= config.min_slice - EPS and waiting * alone * speed * 2.0 <= half_target
            and _half_serves_as_much(tuple((rows, seconds * speed) for rows, seconds in table), budget)):
         wanted, speed = wanted / 2, speed * 2.0
-    if abs(wanted - current_slice) <= EPS:
-        return decision, state
-    return _asking_slice(decision, state, wanted, f"starts on a {wanted:g} slice: a request alone "
-                         f"{1000 * alone * speed:.0f} ms", now)
+    return wanted, alone * speed
 
 
 def _service_sample(state: PolicyState, snapshot: MetricsSnapshot) -> tuple[float | None, float | None]:

@@ -633,6 +633,50 @@ def test_a_pre_warm_starts_on_the_least_slice_too_and_nothing_starts_small_witho
     assert idle.desired == 0 and idle.slice_fraction is None
 
 
+# a lone replica kept idle past idle_to_zero_s (60 s) by a priced cold start (1,000 s of idle:
+# few gaps known, so kept 3 x 60 = 180 s) moves to the least slice a start from zero would get
+KEPT = MEASURED._replace(last_active_at=40.0, cold_cost_s=1000.0)
+
+IDLE_SHRINK_CASES = [
+    # id, config, state, snapshot (kwargs), expected slice asked
+    ("kept-idle-to-eighth", CFG, KEPT, {"ready": 1, "slice_": 0.5, "at": 100.0}, 0.125),  # 120 ms <= 200
+    ("not-idle-long-enough", CFG, KEPT, {"ready": 1, "slice_": 0.5, "at": 99.0}, None),  # idle 59 s
+    # its past cold starts held 3: sized for 3, as a start is (3 x 60 = 180 ms on 1/4)
+    ("past-backlog-counts", CFG, KEPT._replace(cold_misses=3.0), {"ready": 1, "slice_": 0.5, "at": 100.0}, 0.25),
+    ("two-replicas", CFG, KEPT, {"ready": 2, "slice_": 0.5, "at": 100.0}, None),
+    ("already-at-min-slice", CFG, KEPT, {"ready": 1, "slice_": 0.125, "at": 100.0}, None),
+    ("off", PolicyConfig(idle_shrink=False), KEPT, {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
+    ("hints-off", PolicyConfig(slice_hints=False), KEPT, {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
+]
+
+
+@pytest.mark.parametrize("config,state,load,hint", [c[1:] for c in IDLE_SHRINK_CASES],
+                         ids=[c[0] for c in IDLE_SHRINK_CASES])
+def test_a_lone_replica_kept_idle_moves_to_the_least_slice_a_start_would_get(config, state, load, hint):
+    decision, after = decide(snap(**load), WHISPERY, state, load["at"], config)
+    assert decision.desired == load["ready"], decision  # kept, neither scaled nor sent to zero
+    assert decision.slice_fraction == hint, decision
+    if hint is not None:
+        assert decision.reason == "SLICE" and f"kept on a {hint:g} slice" in decision.detail
+        assert after.slice_fraction == hint and after.slice_at == load["at"]
+
+
+def test_an_idle_replica_not_kept_goes_to_zero_on_its_slice():
+    # no cold start priced: the keep-alive is the spec's 60 s, so at 60 s idle it goes, unmoved
+    decision, _ = decide(snap(ready=1, slice_=0.5, at=100.0), WHISPERY, KEPT._replace(cold_cost_s=None), 100.0)
+    assert (decision.desired, decision.reason, decision.slice_fraction) == (0, "TO_ZERO", None)
+
+
+def test_quiet_until_wakes_a_lone_idle_replica_for_its_shrink():
+    # kept until 40 + 180 = 220; on 1/2 it is looked at when idle_to_zero_s has passed (100),
+    # on the least slice already it sleeps to the keep-alive's end
+    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 50.0, 2.0) == 100.0
+    assert quiet_until(KEPT._replace(slice_fraction=0.125), WHISPERY, 1, 50.0, 2.0) == 220.0
+    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 50.0, 2.0, PolicyConfig(idle_shrink=False)) == 220.0
+    # past the shrink's look it sleeps to the keep-alive's end (a shrink that could not be made)
+    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 100.0, 2.0) == 220.0
+
+
 SERVICE_CASES = [
     # id, (service_max, service_on) before, snapshot (service, slice), expected after
     ("first", (None, None), (0.030, 0.5), (0.030, 0.5)),
