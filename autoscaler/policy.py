@@ -900,13 +900,17 @@ def _with_slice_hint(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: S
 def _idle_shrink(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState,
                  now: float, config: PolicyConfig) -> tuple[ScaleDecision, PolicyState] | None:
     """A lone ready replica with nothing in flight, held or answered since idle_to_zero_s,
-    kept (the decision keeps it) by the keep-alive's price: on the least slice a start from zero
-    would get (_least_slice from the slice it runs on), since it spends the rest of its life idle
-    there, as a replica started from zero does (_start_slice). The move starts a replica on the
-    new slice; the old one serves until it is ready. E.g. idle 60 s on 1/2, 30 ms a request there,
-    SLO 500 ms (half the p95 target 200 ms): 1/8 (120 ms). None: not idle so long, or no smaller
-    slice serves."""
+    kept (the decision keeps it, STABLE) by the keep-alive's price, not by min_replicas: on the
+    least slice a start from zero would get (_least_slice from the slice it runs on), since it
+    spends the rest of its life idle there, as a replica started from zero does (_start_slice).
+    The move starts a replica on the new slice; the old one serves until it is ready. Only where
+    that pays: the new slice held through one cold start beside the old costs less than what the
+    smaller slice saves over the rest of the keep-alive. E.g. idle 60 s on 1/2, 30 ms a request
+    there, SLO 500 ms (half the p95 target 200 ms): 1/8 (120 ms); with a 2 s cold start it pays
+    when over 2 x 0.125 / 0.375 + 2 = 2.7 s of the keep-alive are left. None: not idle so long,
+    no smaller slice serves, or the move does not pay."""
     if (not config.idle_shrink or snapshot.ready != 1 or snapshot.starting or decision.desired != 1
+            or decision.reason != "STABLE" or spec.min_replicas > 0
             or snapshot.demand > 0 or snapshot.rps > 0 or snapshot.inflight > 0 or state.last_active_at is None
             or now - state.last_active_at < spec.idle_to_zero_s - EPS):
         return None
@@ -915,11 +919,13 @@ def _idle_shrink(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     if least is None or current_slice is None or least[0] >= current_slice - EPS:
         return None
     wanted, alone_s = least
+    left = state.last_active_at + keep_alive_s(state, spec, config) - now
+    lead = lead_s(snapshot, config)
+    if (current_slice - wanted) * (left - lead) <= wanted * lead:
+        return None
     hinted, state = _asking_slice(decision, state, wanted, f"idle {now - state.last_active_at:.0f} s: kept on a "
                                   f"{wanted:g} slice, a request alone {1000 * alone_s:.0f} ms", now)
-    if decision.reason in ("STABLE", "HOLD"):
-        hinted = hinted._replace(reason="SLICE")
-    return hinted, state
+    return hinted._replace(reason="SLICE"), state
 
 
 def _slice_kept(state: PolicyState, snapshot: MetricsSnapshot, now: float) -> PolicyState:

@@ -647,6 +647,13 @@ IDLE_SHRINK_CASES = [
     ("already-at-min-slice", CFG, KEPT, {"ready": 1, "slice_": 0.125, "at": 100.0}, None),
     ("off", PolicyConfig(idle_shrink=False), KEPT, {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
     ("hints-off", PolicyConfig(slice_hints=False), KEPT, {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
+    ("nothing-measured", CFG, PolicyState(last_active_at=40.0, cold_cost_s=1000.0),
+     {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
+    # a cold start priced at 62 s keeps it 62 s: 2 s left, not worth a 2 s start on 1/8 beside
+    # the 1/2 (0.375 x (2 - 2) = 0 <= 0.125 x 2)
+    ("keep-alive-nearly-over", CFG, KEPT._replace(cold_cost_s=62.0), {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
+    # 120 s left at 100 (kept to 220): 0.375 x 118 > 0.125 x 2
+    ("keep-alive-long-enough", CFG, KEPT._replace(cold_cost_s=220.0), {"ready": 1, "slice_": 0.5, "at": 100.0}, 0.125),
 ]
 
 
@@ -659,6 +666,19 @@ def test_a_lone_replica_kept_idle_moves_to_the_least_slice_a_start_would_get(con
     if hint is not None:
         assert decision.reason == "SLICE" and f"kept on a {hint:g} slice" in decision.detail
         assert after.slice_fraction == hint and after.slice_at == load["at"]
+
+
+def test_the_idle_shrink_leaves_a_floor_a_start_and_a_moved_replica_alone():
+    floor = ScalingSpec(slo_p95_ms=500.0, min_replicas=1)  # held by min_replicas, not the keep-alive
+    decision, _ = decide(snap(ready=1, slice_=0.5, at=100.0), floor, KEPT, 100.0)
+    assert decision.desired == 1 and decision.slice_fraction is None, decision
+    starting, _ = decide(snap(ready=1, starting=1, slice_=0.5, at=100.0), WHISPERY, KEPT, 100.0)
+    assert starting.slice_fraction is None, starting
+    # the look after the move: on the least slice now, nothing more to ask
+    moved, after = decide(snap(ready=1, slice_=0.5, at=100.0), WHISPERY, KEPT, 100.0)
+    assert moved.slice_fraction == 0.125
+    again, _ = decide(snap(ready=1, slice_=0.125, at=101.0), WHISPERY, after, 101.0)
+    assert again.desired == 1 and again.slice_fraction is None and again.reason == "STABLE", again
 
 
 def test_an_idle_replica_not_kept_goes_to_zero_on_its_slice():
