@@ -911,12 +911,14 @@ def _idle_shrink(decision: ScaleDecision, snapshot: MetricsSnapshot, spec: Scali
     no smaller slice serves, or the move does not pay."""
     if (not config.idle_shrink or snapshot.ready != 1 or snapshot.starting or decision.desired != 1
             or decision.reason != "STABLE" or spec.min_replicas > 0
-            or snapshot.demand > 0 or snapshot.rps > 0 or snapshot.inflight > 0 or state.last_active_at is None
+            or snapshot.demand > 0 or snapshot.rps > 0 or state.last_active_at is None  # demand counts in flight
             or now - state.last_active_at < spec.idle_to_zero_s - EPS):
         return None
     current_slice = snapshot.slice_fraction
-    least = None if current_slice is None else _least_slice(snapshot, spec, state, current_slice, config)
-    if least is None or current_slice is None or least[0] >= current_slice - EPS:
+    if current_slice is None:
+        return None
+    least = _least_slice(snapshot, spec, state, current_slice, config)
+    if least is None or least[0] >= current_slice - EPS:
         return None
     wanted, alone_s = least
     left = state.last_active_at + keep_alive_s(state, spec, config) - now
