@@ -63,13 +63,13 @@ class PolicyConfig:
     # tick phase (_budget_sample); off: the replicas' rps, which counts them at some phases
     # only. Off by the bench's rule (docs/policy-changes.md, "The error budget and a start from zero")
     budget_skips_starts: bool = False
-    keep_alive_max_s: float = 300.0  # the idle gaps' p90 may keep a replica this long at most (0: off)
-    miss_price_slice_s: float = 20.0  # a request that misses its SLO in a cold start is worth this many
+    keep_alive_max_s: float = 1800.0  # the keep-alive keeps an idle replica this long at most (0: off)
+    miss_price_slice_s: float = 240.0  # a request that misses its SLO in a cold start is worth this many
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
     gaps_kept: int = 16  # idle gaps remembered per function
     gaps_min: int = 4  # gaps needed before the keep-alive follows them
-    few_gaps_keep_x: float = 3.0  # with fewer, a priced cold start's break-even, at most this x idle_to_zero_s
+    few_gaps_keep_x: float = 30.0  # with fewer, a priced cold start's break-even, at most this x idle_to_zero_s
     gap_min_s: float = 2.0  # silences shorter than this are not gaps
     headroom_pct: float = 50.0  # p95 at or below this share of its target is headroom
     trend_window_s: float = 30.0  # forecast: slope of the need over this window
@@ -1310,8 +1310,8 @@ def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpe
     requests that would miss the SLO through it (as many as were held through its past cold
     starts, or cold_start_misses at the rate while active; none when the cold start is within
     the SLO) x miss_price_slice_s / the replica's slice. Set while traffic flows, kept through
-    idle time. E.g. 3/s, a 2.5 s cold start, SLO 200 ms: 1 + 3 x 2.3 = 7.9 misses x 20 / 0.25
-    = 632 s."""
+    idle time. E.g. 3/s, a 2.5 s cold start, SLO 200 ms: 1 + 3 x 2.3 = 7.9 misses x 240 / 0.25
+    = 7,584 s (the keep-alive caps it: 1,800 s)."""
     if not active or config.miss_price_slice_s <= 0:
         return state.cold_cost_s
     lead, slo_s = lead_s(snapshot, config), spec.slo_p95_ms / 1000.0

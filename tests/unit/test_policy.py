@@ -342,14 +342,21 @@ def test_scale_down_happens_with_the_default_config():
 
 # ---------------------------------------------------------------------- to zero
 
+MEETS = ScalingSpec(slo_p95_ms=5000.0)  # the default 2 s cold start within the SLO
 TO_ZERO_CASES = [
     # id, spec, load(t) (1 ready replica throughout), at t, expected desired, reason
     # the first look counts as activity (t=0); idle_to_zero_s 60
     ("idle-59s-of-60-stays", SPEC, lambda t: {}, 59, 1, "STABLE"),
     ("idle-60s-goes", SPEC, lambda t: {}, 60, 0, "TO_ZERO"),
     ("in-flight-at-30-restarts-the-clock", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 89, 1, "STABLE"),
-    ("in-flight-at-30-zero-at-90", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 90, 0, "TO_ZERO"),  # 30 + 60
-    ("held-at-30-zero-at-90", SPEC, lambda t: {"held": 1 if t == 30 else 0}, 90, 0, "TO_ZERO"),
+    # a cold start within the SLO costs no miss: idle_to_zero_s after the last activity, 30 + 60
+    ("in-flight-at-30-zero-at-90", MEETS, lambda t: {"inflight": 1 if t == 30 else 0}, 90, 0, "TO_ZERO"),
+    ("held-at-30-zero-at-90", MEETS, lambda t: {"held": 1 if t == 30 else 0}, 90, 0, "TO_ZERO"),
+    # one that misses it (2 s against 100 ms) is priced: 1 miss x 240 slice-s / slice 1 = 240 s of
+    # idle, so kept to 30 + 240 = 270 (keep_alive_s)
+    ("in-flight-at-30-kept-for-its-cold-start", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 269, 1, "STABLE"),
+    ("in-flight-at-30-priced-zero-at-270", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 270, 0, "TO_ZERO"),
+    ("held-at-30-priced-zero-at-270", SPEC, lambda t: {"held": 1 if t == 30 else 0}, 270, 0, "TO_ZERO"),
     ("rps-counts-as-activity", SPEC, lambda t: {"rps": 0.5 if t == 30 else 0.0}, 89, 1, "STABLE"),
     ("held-all-along-never", SPEC, lambda t: {"held": 1}, 120, 1, "STABLE"),  # ceil(1 / 4) = 1
     ("in-flight-all-along-never", SPEC, lambda t: {"inflight": 1}, 120, 1, "STABLE"),
@@ -486,11 +493,13 @@ PERIODIC_CASES = [
 @pytest.mark.parametrize("cold,prewarm_at", [c[1:] for c in PERIODIC_CASES], ids=[c[0] for c in PERIODIC_CASES])
 def test_a_timer_is_prewarmed_and_let_go_early(cold, prewarm_at):
     # one request (held at the gateway) every 300 s, t = 0..1500; replicas follow.
-    # t=0 is the first look, busy: an onset; onsets 0, 300, 600 make a period of 300 -> next 900
+    # t=0 is the first look, busy: an onset; onsets 0, 300, 600 make a period of 300 -> next 900.
+    # Until then the keep-alive prices the cold start (over the 100 ms SLO): 1 miss x 240 slice-s
+    # / slice 1 = 240 s of idle
     out = follow(lambda t, ready: {"held": 1 if t % 300 == 0 else 0, "cold": cold}, 1500)
     assert changes(out) == [
-        (0, 1, "COLD_START"), (1, 1, "STABLE"), (60, 0, "TO_ZERO"),  # onsets (0): idle 60 s
-        (300, 1, "COLD_START"), (301, 1, "STABLE"), (360, 0, "TO_ZERO"),  # onsets (0, 300): idle 60 s
+        (0, 1, "COLD_START"), (1, 1, "STABLE"), (240, 0, "TO_ZERO"),  # onsets (0): idle 240 s
+        (300, 1, "COLD_START"), (301, 1, "STABLE"), (540, 0, "TO_ZERO"),  # onsets (0, 300): idle 240 s
         (600, 1, "COLD_START"), (601, 1, "STABLE"),
         (610, 0, "TO_ZERO"),  # periodic from the third onset: 600 + periodic_keep_s 10
         (prewarm_at - 300, 1, "FORECAST"),  # warm before 900
@@ -633,8 +642,9 @@ def test_a_pre_warm_starts_on_the_least_slice_too_and_nothing_starts_small_witho
     assert idle.desired == 0 and idle.slice_fraction is None
 
 
-# a lone replica kept idle past idle_to_zero_s (60 s) by a priced cold start (1,000 s of idle:
-# few gaps known, so kept 3 x 60 = 180 s) moves to the least slice a start from zero would get
+# a lone replica kept idle past idle_to_zero_s (60 s) by a priced cold start (1,000 s of idle;
+# few gaps known, so at most 30 x 60 = 1,800 s: kept 1,000 s) moves to the least slice a start
+# from zero would get
 KEPT = MEASURED._replace(last_active_at=40.0, cold_cost_s=1000.0)
 
 IDLE_SHRINK_CASES = [
@@ -688,13 +698,13 @@ def test_an_idle_replica_not_kept_goes_to_zero_on_its_slice():
 
 
 def test_quiet_until_wakes_a_lone_idle_replica_for_its_shrink():
-    # kept until 40 + 180 = 220; on 1/2 it is looked at when idle_to_zero_s has passed (100),
+    # kept until 40 + 1,000 = 1,040; on 1/2 it is looked at when idle_to_zero_s has passed (100),
     # on the least slice already it sleeps to the keep-alive's end
     assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 50.0, 2.0) == 100.0
-    assert quiet_until(KEPT._replace(slice_fraction=0.125), WHISPERY, 1, 50.0, 2.0) == 220.0
-    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 50.0, 2.0, PolicyConfig(idle_shrink=False)) == 220.0
+    assert quiet_until(KEPT._replace(slice_fraction=0.125), WHISPERY, 1, 50.0, 2.0) == 1040.0
+    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 50.0, 2.0, PolicyConfig(idle_shrink=False)) == 1040.0
     # past the shrink's look it sleeps to the keep-alive's end (a shrink that could not be made)
-    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 100.0, 2.0) == 220.0
+    assert quiet_until(KEPT._replace(slice_fraction=0.5), WHISPERY, 1, 100.0, 2.0) == 1040.0
 
 
 SERVICE_CASES = [

@@ -67,16 +67,16 @@ KEEP = [
     # id, gaps, cold start worth, keep-alive
     # every gap covered (200 s): then on until the idle time costs a cold start (250 s)
     ("covers-all-then-break-even", (30.0, 40.0, 200.0, 50.0), 250.0, 250.0),
-    # capped by keep_alive_max_s (300 s)
-    ("capped", (30.0, 40.0, 200.0, 50.0), 5000.0, 300.0),
+    # capped by keep_alive_max_s (1,800 s)
+    ("capped", (30.0, 40.0, 200.0, 50.0), 5000.0, 1800.0),
     # cheap cold starts, long gaps: the periodic keep (10 s), under idle_to_zero_s
     ("cheap-cold-start", (300.0, 400.0, 500.0, 900.0), 20.0, 10.0),
     # never below idle_to_zero_s (60 s) when some gap is worth covering: gaps 20 s
     ("floor-idle-to-zero", (20.0, 20.0, 20.0, 20.0), 100.0, 100.0),
     # too few gaps (1 < 4) to weigh: until the idle time has cost one cold start (ski rental's
-    # break-even), never under idle_to_zero_s (60 s), at most 3 x 60 = 180 s (few_gaps_keep_x)
-    ("few-gaps-break-even", (30.0,), 150.0, 150.0),
-    ("few-gaps-capped", (30.0,), 1200.0, 180.0),
+    # break-even), never under idle_to_zero_s (60 s), at most 30 x 60 = 1,800 s (few_gaps_keep_x)
+    ("few-gaps-break-even", (30.0,), 1200.0, 1200.0),
+    ("few-gaps-capped", (30.0,), 5000.0, 1800.0),
     ("few-gaps-floor", (30.0,), 40.0, 60.0),
     # no cold cost known (never active with a slice): idle_to_zero_s
     ("no-cost", (), None, 60.0),
@@ -88,11 +88,11 @@ def test_keep_alive_weighs_a_cold_start_against_idle_time(gaps, worth, keep):
     assert keep_alive_s(state_with(gaps, worth), SPEC, DEFAULT_CONFIG) == pytest.approx(keep)
 
 
-def test_few_gaps_keep_at_most_three_times_the_specs_setting():
-    # a function set to go at 2 s, its cold start priced at 80 s, one gap known: 3 x 2 = 6 s
-    assert keep_alive_s(state_with((30.0,), 80.0), ScalingSpec(idle_to_zero_s=2.0), DEFAULT_CONFIG) == 6.0
-    # at 150 s the keep-alive cap (300 s) binds first
-    assert keep_alive_s(state_with((30.0,), 1200.0), ScalingSpec(idle_to_zero_s=150.0), DEFAULT_CONFIG) == 300.0
+def test_few_gaps_keep_at_most_thirty_times_the_specs_setting():
+    # a function set to go at 2 s, its cold start priced at 80 s, one gap known: 30 x 2 = 60 s
+    assert keep_alive_s(state_with((30.0,), 80.0), ScalingSpec(idle_to_zero_s=2.0), DEFAULT_CONFIG) == 60.0
+    # at 150 s the keep-alive cap (1,800 s) binds first
+    assert keep_alive_s(state_with((30.0,), 5000.0), ScalingSpec(idle_to_zero_s=150.0), DEFAULT_CONFIG) == 1800.0
 
 
 def test_keep_alive_follows_the_old_rule_with_no_price():
@@ -116,12 +116,12 @@ def test_cold_cost_counts_the_requests_held_through_a_cold_start():
 
 
 def test_decide_prices_a_cold_start_by_its_misses():
-    # 31 held through a cold start on a 1/4 slice: 31 x 20 slice-s / 0.25 = 2,480 s of an idle replica
+    # 31 held through a cold start on a 1/4 slice: 31 x 240 slice-s / 0.25 = 29,760 s of an idle replica
     state = PolicyState()
     for t, kw in enumerate([dict(held=1), dict(starting=1, held=31), dict(ready=1, rps=31.0, inflight=2.0)]):
         _, state = decide(snap(at=float(t), **kw), SPEC, state, float(t))
     assert state.cold_misses == 31.0
-    assert state.cold_cost_s == pytest.approx(31 * 20.0 / 0.25)
+    assert state.cold_cost_s == pytest.approx(31 * 240.0 / 0.25)
 
 
 NEEDS_HORIZON = 3.5  # a 2.5 s cold start and a 1 s look
@@ -170,11 +170,11 @@ def test_the_reserve_keeps_replicas_through_calm_and_quiet_until_says_when_it_le
     assert (off.desired, off.reason) == (2, "STABLE")
     # idle at 3 replicas, its last need at 159 (0.0): the delay window ends at 159 + 30 = 189, but
     # the reserve stays over 2 until 100 + 600 ln(3 / 2) = 343.3 s: the later of the two; the
-    # keep-alive (gaps of 100-200 s all covered, then on toward a cold start priced at 2,000 s,
-    # capped at 300 s: 159 + 300 = 459) comes after it
-    idle = state._replace(needs=(NeedAt(159.0, 0.0),), peak=None, cold_cost_s=2000.0, gaps=(100.0, 120.0, 150.0, 200.0),
+    # keep-alive (gaps of 100-200 s all covered, then on until its idle time has cost a cold start
+    # priced at 1,000 s: 159 + 1,000 = 1,159) comes after it
+    idle = state._replace(needs=(NeedAt(159.0, 0.0),), peak=None, cold_cost_s=1000.0, gaps=(100.0, 120.0, 150.0, 200.0),
                           gap_quantiles=(100.0, 200.0))
-    assert keep_alive_s(idle, SPEC, DEFAULT_CONFIG) == 300.0
+    assert keep_alive_s(idle, SPEC, DEFAULT_CONFIG) == 1000.0
     assert quiet_until(idle, SPEC, 3, 160.0, 2.5, DEFAULT_CONFIG) == pytest.approx(100.0 + 600.0 * math.log(1.5))
 
 
