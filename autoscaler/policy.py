@@ -713,9 +713,9 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     every gap seen, until the idle time has cost one cold start; at least idle_to_zero_s unless
     no gap is worth covering (then periodic_keep_s), at most keep_alive_max_s; with fewer than
     gaps_min gaps, nothing to weigh, until the idle time has cost one cold start (ski rental's
-    break-even), within the same bounds and at most few_gaps_keep_x x idle_to_zero_s (the user's
-    setting says what idle time they accept: a function set to go at 2 s does not stay for
-    minutes before its gaps are known). Without (miss_price_slice_s 0, or never active), the hybrid
+    break-even), within the same bounds and at most few_gaps_keep_x x idle_to_zero_s (scaled by
+    the user's setting: a function set to go at 2 s stays at most a minute before its gaps are
+    known; at the default 60 s the bound is keep_alive_max_s's, 1,800 s). Without (miss_price_slice_s 0, or never active), the hybrid
     histogram of Shahrad et al., "Serverless in the Wild", ATC 2020, in short: the gaps' p90 x
     1.1 when within keep_alive_max_s and over idle_to_zero_s; periodic_keep_s when even their
     p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
@@ -1311,7 +1311,7 @@ def _cold_cost_s(state: PolicyState, snapshot: MetricsSnapshot, spec: ScalingSpe
     starts, or cold_start_misses at the rate while active; none when the cold start is within
     the SLO) x miss_price_slice_s / the replica's slice. Set while traffic flows, kept through
     idle time. E.g. 3/s, a 2.5 s cold start, SLO 200 ms: 1 + 3 x 2.3 = 7.9 misses x 240 / 0.25
-    = 7,584 s (the keep-alive caps it: 1,800 s)."""
+    = 7,584 s (keep_alive_s caps it: 1,800 s, or 30 x idle_to_zero_s while few gaps are known)."""
     if not active or config.miss_price_slice_s <= 0:
         return state.cold_cost_s
     lead, slo_s = lead_s(snapshot, config), spec.slo_p95_ms / 1000.0

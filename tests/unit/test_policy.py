@@ -356,6 +356,7 @@ TO_ZERO_CASES = [
     # idle, so kept to 30 + 240 = 270 (keep_alive_s)
     ("in-flight-at-30-kept-for-its-cold-start", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 269, 1, "STABLE"),
     ("in-flight-at-30-priced-zero-at-270", SPEC, lambda t: {"inflight": 1 if t == 30 else 0}, 270, 0, "TO_ZERO"),
+    ("held-at-30-kept-for-its-cold-start", SPEC, lambda t: {"held": 1 if t == 30 else 0}, 269, 1, "STABLE"),
     ("held-at-30-priced-zero-at-270", SPEC, lambda t: {"held": 1 if t == 30 else 0}, 270, 0, "TO_ZERO"),
     ("rps-counts-as-activity", SPEC, lambda t: {"rps": 0.5 if t == 30 else 0.0}, 89, 1, "STABLE"),
     ("held-all-along-never", SPEC, lambda t: {"held": 1}, 120, 1, "STABLE"),  # ceil(1 / 4) = 1
