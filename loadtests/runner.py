@@ -122,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--swing", type=float, help="diurnal: peak over trough")
     g.add_argument("--cv", type=float, help="gamma: coefficient of variation of the gaps")
     g.add_argument("--burst-s", type=float, help="zero-cycle: length of each burst (s)")
-    g.add_argument("--idle-s", type=float, help="zero-cycle: the idle gap (s); set it past the keep-alive: idle_to_zero_s, or up to 30 x it "
-                   "where a cold start misses the SLO (docs/design/policy.md)")
+    g.add_argument("--idle-s", type=float, help="zero-cycle: the idle gap (s); set it past the function's "
+                   "keep-alive: idle_to_zero_s, or longer where a cold start misses the SLO (docs/design/policy.md)")
     g.add_argument("--zipf", type=float, help="longtail: Zipf exponent of the popularity")
     g.add_argument("--trace", help="csv: the file to replay")
     return p

@@ -53,10 +53,13 @@ def deploy(argv: list[str]) -> int:
     p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--batch", type=int, default=1, help="max batch size (1: no batching; batching is opt-in)")
     p.add_argument("--batch-delay-ms", type=float, default=0.0)
+    from autoscaler.policy import DEFAULT_CONFIG as policy  # the keep-alive's bounds, as the controller runs them
+
     p.add_argument("--idle-to-zero-s", type=float, default=60.0,
                    help="idle seconds before scale to zero; where a cold start would miss the SLO the "
-                        "keep-alive prices its misses and may keep it longer (up to 30 x this while few idle "
-                        "gaps are known, 30 min at most)")
+                        "keep-alive prices its misses and may keep it longer (up to "
+                        f"{policy.few_gaps_keep_x:g} x this while few idle gaps are known, "
+                        f"{policy.keep_alive_max_s:g} s at most)")
     p.add_argument("--target-concurrency", type=float, default=4.0)
     p.add_argument("--timeout-s", type=float, help="how long one request may take in the model before a 504 "
                    "(default 60); a replica stuck in the model past it is replaced")

@@ -663,7 +663,7 @@ IDLE_SHRINK_CASES = [
     # a cold start priced at 62 s keeps it 62 s: 2 s left, not worth a 2 s start on 1/8 beside
     # the 1/2 (0.375 x (2 - 2) = 0 <= 0.125 x 2)
     ("keep-alive-nearly-over", CFG, KEPT._replace(cold_cost_s=62.0), {"ready": 1, "slice_": 0.5, "at": 100.0}, None),
-    # 120 s left at 100 (kept to 220): 0.375 x 118 > 0.125 x 2
+    # kept 220 s from its last request at 40, to 260: 160 s left at 100, 0.375 x 158 > 0.125 x 2
     ("keep-alive-long-enough", CFG, KEPT._replace(cold_cost_s=220.0), {"ready": 1, "slice_": 0.5, "at": 100.0}, 0.125),
 ]
 
