@@ -702,7 +702,7 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
         return None  # shorter than any keep-alive keep_alive_s gives (an active look, most often)
     keep = keep_alive_s(state, spec, config)
     if idle_s >= keep:
-        why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s: {_keep_why(state, config)})"
+        why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s: {_keep_why(state, spec, keep, config)})"
         return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s{why}")
     return None
 
@@ -721,14 +721,17 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     p10 is over twice idle_to_zero_s; else idle_to_zero_s. E.g. priced at 100 s, gaps 30, 40,
     200, 50 s: K 50 (67.5 against 80 for K 200), so idle_to_zero_s, 60 s; priced at 250 s: K
     200 covers all four, then on to 250 s.
-    Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. docs/design/policy.md."""
+    Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. A function's own
+    keep_alive_max_s (its spec's) stands for the platform's: set to its idle_to_zero_s, the
+    function goes at idle_to_zero_s whatever a cold start costs. docs/design/policy.md."""
     if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
+    most = config.keep_alive_max_s if spec.keep_alive_max_s is None else spec.keep_alive_max_s
     cold_cost = state.cold_cost_s if config.miss_price_slice_s > 0 else None
     if state.gap_quantiles is None:  # too few gaps to go by
         if cold_cost is None:
             return spec.idle_to_zero_s  # the spec's own, as its user set it
-        cap = min(spec.idle_to_zero_s * config.few_gaps_keep_x, config.keep_alive_max_s)
+        cap = min(spec.idle_to_zero_s * config.few_gaps_keep_x, most)
         return min(max(spec.idle_to_zero_s, cold_cost), max(spec.idle_to_zero_s, cap))
     if cold_cost is not None:
         keep = _ski_rental(state.gaps, cold_cost)
@@ -738,19 +741,20 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
             # every gap seen is covered: a longer one is likely as long again as it has lasted,
             # so keep on until the idle time has cost what a cold start would (2-competitive)
             keep = max(keep, cold_cost)
-        return min(max(spec.idle_to_zero_s, keep), max(spec.idle_to_zero_s, config.keep_alive_max_s))
+        return min(max(spec.idle_to_zero_s, keep), max(spec.idle_to_zero_s, most))
     low, high = state.gap_quantiles
     high *= 1.1
-    if high <= config.keep_alive_max_s:
+    if high <= most:
         return max(spec.idle_to_zero_s, high)
     if low >= 2 * spec.idle_to_zero_s:
         return min(spec.idle_to_zero_s, config.periodic_keep_s)
     return spec.idle_to_zero_s
 
 
-def _keep_why(state: PolicyState, config: PolicyConfig) -> str:
+def _keep_why(state: PolicyState, spec: ScalingSpec, keep: float, config: PolicyConfig) -> str:
     if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
-        return f"a cold start priced at {state.cold_cost_s:.0f} s idle, {len(state.gaps)} idle gap(s) known"
+        bound = ", its keep_alive_max_s" if keep == spec.keep_alive_max_s else ""
+        return f"a cold start priced at {state.cold_cost_s:.0f} s idle, {len(state.gaps)} idle gap(s) known{bound}"
     return f"from the last {len(state.gaps)} idle gaps"
 
 

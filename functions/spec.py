@@ -135,6 +135,11 @@ class ScalingSpec:
     target_duty: float = 0.7
     target_concurrency: float = 4.0
     idle_to_zero_s: float = 60.0
+    # the most an idle function is kept past its last request where a cold start would miss the
+    # SLO and the keep-alive prices those misses (autoscaler.policy.keep_alive_s); None: the
+    # platform's bound (PolicyConfig.keep_alive_max_s, 1,800 s); idle_to_zero_s itself: always
+    # go at idle_to_zero_s, cold starts accepted (Ray Serve's downscale_delay_s, exact)
+    keep_alive_max_s: float | None = None
     # replicas each new revision is raised to at once and held at until that many are ready, the
     # autoscaler deciding from then on (Knative's initial-scale, whose default is 1; Ray Serve's
     # initial_replicas, within [min, max] as here); 0: it starts at min_replicas, at zero by
@@ -159,6 +164,12 @@ class ScalingSpec:
             raise SpecError(f"target_concurrency ({self.target_concurrency}) must be > 0")
         if self.idle_to_zero_s < 0:
             raise SpecError(f"idle_to_zero_s ({self.idle_to_zero_s}) must be >= 0")
+        if self.keep_alive_max_s is not None:
+            if isinstance(self.keep_alive_max_s, bool) or not isinstance(self.keep_alive_max_s, (int, float)):
+                raise SpecError(f"keep_alive_max_s must be a number of seconds or null, got {self.keep_alive_max_s!r}")
+            if not self.keep_alive_max_s >= self.idle_to_zero_s:
+                raise SpecError(f"keep_alive_max_s ({self.keep_alive_max_s}) must be >= idle_to_zero_s "
+                                f"({self.idle_to_zero_s}), the least an idle function is kept")
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,9 +99,10 @@ class Shoal:
                batch: int = 1, batch_delay_ms: float = 0.0, trust: bool = False, loader: str | None = None,
                idle_to_zero_s: float = 60.0, target_concurrency: float = 4.0, wait: bool = False,
                progress: Progress | None = None, timeout_s: float | None = None,
-               initial_replicas: int = 0) -> dict[str, Any]:
+               initial_replicas: int = 0, keep_alive_max_s: float | None = None) -> dict[str, Any]:
         """Upload and register a function; with wait=True, also start its first replica
-        (initial_replicas: the autoscaler starts that many at once, as Knative's initial-scale)."""
+        (initial_replicas: the autoscaler starts that many at once, as Knative's initial-scale;
+        keep_alive_max_s: the most it is kept idle, None for the platform's bound)."""
         from functions.nuclio import prepare
 
         path = Path(artifact)
@@ -114,6 +115,8 @@ class Shoal:
             "slo_p95_ms": slo_ms, "idle_to_zero_s": idle_to_zero_s, "target_concurrency": target_concurrency,
             "initial_replicas": initial_replicas,
         }
+        if keep_alive_max_s is not None:
+            scaling["keep_alive_max_s"] = keep_alive_max_s
         spec = {"artifact": ref, "slice": slice, "trust": trust, "loader": loader, "scaling": scaling,
                 "batching": {"max_batch_size": batch, "max_queue_delay_ms": batch_delay_ms}}
         if timeout_s is not None:

@@ -59,7 +59,11 @@ def deploy(argv: list[str]) -> int:
                    help="idle seconds before scale to zero; where a cold start would miss the SLO the "
                         "keep-alive prices its misses and may keep it longer (up to "
                         f"{policy.few_gaps_keep_x:g} x this while few idle gaps are known, "
-                        f"{policy.keep_alive_max_s:g} s at most)")
+                        f"{policy.keep_alive_max_s:g} s at most, or --keep-alive-max-s)")
+    p.add_argument("--keep-alive-max-s", type=float,
+                   help="the most an idle function is kept past its last request, whatever a cold start "
+                        f"would cost (default: the platform's {policy.keep_alive_max_s:g} s); set it to "
+                        "--idle-to-zero-s to always go then, cold starts accepted")
     p.add_argument("--target-concurrency", type=float, default=4.0)
     p.add_argument("--timeout-s", type=float, help="how long one request may take in the model before a 504 "
                    "(default 60); a replica stuck in the model past it is replaced")
@@ -77,6 +81,7 @@ def deploy(argv: list[str]) -> int:
             slo_ms=args.slo_ms, batch=args.batch, batch_delay_ms=args.batch_delay_ms, trust=args.trust,
             loader=args.loader, idle_to_zero_s=args.idle_to_zero_s, target_concurrency=args.target_concurrency,
             wait=args.wait, progress=_progress, timeout_s=args.timeout_s, initial_replicas=args.initial_replicas,
+            keep_alive_max_s=args.keep_alive_max_s,
         )
         name = function["name"]
         print(f"deployed {name} revision {function['revision']}  {client.url}{function['endpoints']['v2']}")

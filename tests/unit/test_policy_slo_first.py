@@ -95,6 +95,40 @@ def test_few_gaps_keep_at_most_thirty_times_the_specs_setting():
     assert keep_alive_s(state_with((30.0,), 5000.0), ScalingSpec(idle_to_zero_s=150.0), DEFAULT_CONFIG) == 1800.0
 
 
+FUNCTION_CAP = [
+    # id, gaps, cold start worth, the function's keep_alive_max_s, keep-alive
+    # its own bound stands for the platform's 1,800 s: below it (300 s) and above it (3,600 s)
+    ("below-the-platform's", (30.0, 40.0, 200.0, 50.0), 5000.0, 300.0, 300.0),
+    ("above-the-platform's", (30.0, 40.0, 200.0, 50.0), 5000.0, 3600.0, 3600.0),
+    ("few-gaps-below", (30.0,), 5000.0, 300.0, 300.0),
+    # under its bound the price decides as before: 250 s covers every gap, then break-even
+    ("not-binding", (30.0, 40.0, 200.0, 50.0), 250.0, 600.0, 250.0),
+    # set to idle_to_zero_s (60 s): it goes then, however dear its cold start
+    ("idle-to-zero", (30.0, 40.0, 200.0, 50.0), 5000.0, 60.0, 60.0),
+    ("few-gaps-idle-to-zero", (30.0,), 5000.0, 60.0, 60.0),
+    # unpriced: the gaps' p90 x 1.1 (104.5 s) within its bound, else idle_to_zero_s
+    ("unpriced-within", (40.0, 55.0, 70.0, 80.0, 95.0), None, 120.0, 104.5),
+    ("unpriced-past", (40.0, 55.0, 70.0, 80.0, 95.0), None, 100.0, 60.0),
+]
+
+
+@pytest.mark.parametrize("gaps,worth,most,keep", [c[1:] for c in FUNCTION_CAP], ids=[c[0] for c in FUNCTION_CAP])
+def test_a_functions_own_keep_alive_bound_stands_for_the_platforms(gaps, worth, most, keep):
+    spec = ScalingSpec(keep_alive_max_s=most)
+    assert keep_alive_s(state_with(gaps, worth), spec, DEFAULT_CONFIG) == pytest.approx(keep)
+
+
+def test_a_function_kept_to_its_own_bound_says_so():
+    # priced at 5,000 s of idle, bound at 300 s: to zero at 300 s idle, the bound named
+    spec = ScalingSpec(keep_alive_max_s=300.0)
+    state = state_with((30.0, 40.0, 200.0, 50.0), 5000.0)
+    kept, _ = decide(snap(ready=1, at=299.0), spec, state, 299.0)
+    assert kept.reason != "TO_ZERO"
+    gone, _ = decide(snap(ready=1, at=300.0), spec, state, 300.0)
+    assert gone.desired == 0 and gone.reason == "TO_ZERO", gone
+    assert "keep-alive 300 s" in gone.detail and "its keep_alive_max_s" in gone.detail, gone.detail
+
+
 def test_keep_alive_follows_the_old_rule_with_no_price():
     # miss_price_slice_s 0: the idle gaps' p90 x 1.1 (Shahrad et al.): gaps 40..95 -> 104.5 s
     off = PolicyConfig(miss_price_slice_s=0.0)

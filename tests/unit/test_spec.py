@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
 
-from functions.spec import BatchingSpec, FunctionSpec, ScalingSpec, SliceRequest, SpecError, spec_defaults, validate_name
+from functions.spec import (
+    BatchingSpec,
+    FunctionSpec,
+    ScalingSpec,
+    SliceRequest,
+    SpecError,
+    spec_defaults,
+    spec_from_dict,
+    spec_to_dict,
+    validate_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,6 +51,12 @@ def test_slice_parse_errors(text, fragment):
          "initial_replicas (3) must be 0 (none) or within [min_replicas (0), max_replicas (2)]"),
         ({"initial_replicas": 1, "min_replicas": 2},  # Ray Serve's rule: min <= initial <= max
          "initial_replicas (1) must be 0 (none) or within [min_replicas (2), max_replicas (8)]"),
+        ({"keep_alive_max_s": 30.0},  # under idle_to_zero_s (60 s), the least an idle function is kept
+         "keep_alive_max_s (30.0) must be >= idle_to_zero_s (60.0), the least an idle function is kept"),
+        ({"keep_alive_max_s": "600"}, "keep_alive_max_s must be a number of seconds or null, got '600'"),
+        ({"keep_alive_max_s": True}, "keep_alive_max_s must be a number of seconds or null, got True"),
+        ({"keep_alive_max_s": math.nan},
+         "keep_alive_max_s (nan) must be >= idle_to_zero_s (60.0), the least an idle function is kept"),
     ],
 )
 def test_scaling_validation_names_values(kwargs, message):
@@ -82,4 +99,14 @@ def test_function_spec_defaults():
     }
     assert defaults["ScalingSpec"]["idle_to_zero_s"] == 60.0
     assert defaults["ScalingSpec"]["initial_replicas"] == 0  # from zero, as before: the first request starts one
+    assert defaults["ScalingSpec"]["keep_alive_max_s"] is None  # the platform's bound
     assert defaults["ServingLimits"] == {"max_body_bytes": 64 * 2**20, "request_timeout_s": 60.0, "graceful_shutdown_s": 30.0}
+
+
+def test_a_functions_keep_alive_bound_round_trips_and_names_bad_values():
+    doc = {"name": "f", "artifact": "sha256:abc", "scaling": {"idle_to_zero_s": 5, "keep_alive_max_s": 5}}
+    spec = spec_from_dict(doc)
+    assert spec.scaling.keep_alive_max_s == 5 and spec_from_dict(spec_to_dict(spec)) == spec
+    assert spec_from_dict({"name": "f", "artifact": "sha256:abc"}).scaling.keep_alive_max_s is None
+    with pytest.raises(SpecError, match=r"keep_alive_max_s \(1\) must be >= idle_to_zero_s \(5\)"):
+        spec_from_dict({**doc, "scaling": {"idle_to_zero_s": 5, "keep_alive_max_s": 1}})
