@@ -593,6 +593,10 @@ class Simulation:
         dt = self.config.tick_s
         ticks = math.ceil(self.trace.duration_s / dt - 1e-9)
         times, fids = self.trace.times, self.trace.fids.astype(np.int64, copy=False)
+        if times.size and times[-1] >= ticks * dt:
+            # a last arrival on a tick's bound (a csv trace ends just past its last timestamp, so
+            # one at 79.0 s ends it at 79.0 + 1 ulp): one tick more, or no tick would take it
+            ticks += 1
         bounds = np.searchsorted(times, np.arange(1, ticks + 1) * dt)
         if self.config.warmup_s and abs(self.config.warmup_s / dt - round(self.config.warmup_s / dt)) > 1e-9:
             raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")

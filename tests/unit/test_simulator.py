@@ -1556,3 +1556,17 @@ def test_a_deploy_time_must_be_finite():
     with pytest.raises(ValueError, match="deployed_at"):
         Simulation(trace_of([0.4]), [P10], Scripted(lambda now: ScaleDecision(0, "S")), SimConfig(gpus=1),
                    deployed_at=math.nan)
+
+
+def test_an_arrival_on_the_last_ticks_bound_is_run(tmp_path):
+    """A csv trace ends just past its last timestamp; a last arrival at a whole second (79.0 s
+    here, 39.5 s stretched 2x) lies on the bound after the last tick that duration gives, and
+    was run by none: 119 of 120 counted. Every policy now serves all 120."""
+    arrivals = tmp_path / "a.csv"
+    stamps = [f"2023-11-16 18:00:{s:02d}.{ms:03d},1,1" for s in range(40) for ms in (0, 250, 500)]
+    arrivals.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
+    trace = make_trace("csv", path=str(arrivals), compress=0.5)
+    assert trace.times[-1] == 79.0 and math.ceil(trace.duration_s - 1e-9) == 79
+    result = S.simulate(trace, ["shoal", "kpa", "static", "oracle"], S.SimConfig(gpus=1), seed=1)
+    for name, record in result["policies"].items():
+        assert (record["requests"], record["served"]) == (120, 120), name
