@@ -9,6 +9,7 @@ docs/benchmarks.md, "At every tick phase".
 
     python -m loadtests.bench.phase TRACE [--seed 3] [--batcher rule|exact] [--shifts-ms 0,1,2,5,10,20,50]
         [--policies shoal,kpa-tuned,...] [--json OUT]
+    python -m loadtests.bench.phase csv --path ARRIVALS.csv [--compress 4] ...   # the real trace's cell, other arrivals
 """
 
 from __future__ import annotations
@@ -22,13 +23,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.simulator import BATCHERS, POLICIES, simulate
-from loadtests.bench.policy import scenarios, traces
+from loadtests.bench.policy import real_scenario, scenarios, trace_of, traces
 
 
-def run(name: str, seed: int, batcher: str, shifts_ms: list[float], policies: tuple[str, ...] = ("shoal",)) -> list[dict]:
+def run(name: str, seed: int, batcher: str, shifts_ms: list[float], policies: tuple[str, ...] = ("shoal",),
+        csv: tuple[Path, float] | None = None) -> list[dict]:
     """Each policy on trace `name` at each shift, in that order: {"policy", "shift_ms", "slo",
-    "slice_s", "requests", "wall_s"} (wall_s: the shift's run of every policy)."""
-    ((_, trace, profiles, config),) = traces(False, seed, name)
+    "slice_s", "requests", "wall_s"} (wall_s: the shift's run of every policy). With `csv` (a
+    path and a compression) the real trace's cell on that CSV's arrivals instead."""
+    if csv is None:
+        ((_, trace, profiles, config),) = traces(False, seed, name)
+    else:
+        _, options, config = real_scenario(*csv)
+        trace, profiles = trace_of(options, seed)
     config = replace(config, batcher=batcher)
     rows = []
     for shift in shifts_ms:
@@ -55,7 +62,9 @@ def summary(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     names = [name for name, _, _ in scenarios(False)]
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.phase", description=__doc__.split("\n\n")[0])
-    p.add_argument("trace", choices=names)
+    p.add_argument("trace", choices=names + ["csv"], help="a cell of the policy bench, or csv (with --path)")
+    p.add_argument("--path", type=Path, help="csv: the arrivals (a TIMESTAMP column), run as the real trace's cell")
+    p.add_argument("--compress", type=float, default=1.0, help="csv: compressed this many times (default 1)")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--batcher", choices=BATCHERS, default="rule")
     p.add_argument("--shifts-ms", default="0,1,2,5,10,20,50", help="comma-separated, each >= 0 (default 0,1,2,5,10,20,50)")
@@ -73,9 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--shifts-ms {args.shifts_ms!r}: comma-separated numbers")
     if not shifts or any(not 0 <= s < 1000 for s in shifts):
         p.error(f"--shifts-ms {args.shifts_ms!r}: each must be >= 0 and under 1000")
-    rows = run(args.trace, args.seed, args.batcher, shifts, policies)
+    if (args.trace == "csv") != (args.path is not None):
+        p.error("--path is for the trace csv, and csv needs it")
+    if args.path is not None and not args.path.is_file():
+        p.error(f"--path {str(args.path)!r}: no such file")
+    if not args.compress > 0:
+        p.error(f"--compress {args.compress!r}: must be > 0")
+    csv = (args.path, args.compress) if args.path is not None else None
+    rows = run(args.trace, args.seed, args.batcher, shifts, policies, csv)
     alone = "Shoal alone" if policies == ("shoal",) else ", ".join(policies)
-    print(f"{args.trace}, seed {args.seed}, the {args.batcher} batcher, {alone} (simulated):")
+    what = f"{args.path.name} compressed {args.compress:g}x" if csv else args.trace
+    print(f"{what}, seed {args.seed}, the {args.batcher} batcher, {alone} (simulated):")
     for policy in policies:
         mine = [r for r in rows if r["policy"] == policy]
         if len(policies) > 1:
@@ -88,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(policies) > 1:
         print(f" {sum(r['wall_s'] for r in rows if r['policy'] == policies[0]):.0f} s for every policy at every shift")
     if args.json:
-        args.json.write_text(json.dumps({"trace": args.trace, "seed": args.seed, "batcher": args.batcher,
+        args.json.write_text(json.dumps({"trace": what, "seed": args.seed, "batcher": args.batcher,
                                          "policies": list(policies), "simulated": True, "rows": rows},
                                         indent=1) + "\n")
     return 0

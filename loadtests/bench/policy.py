@@ -94,10 +94,25 @@ def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
                             profile=SMALL_PROFILE), SimConfig(gpus=4, warmup_s=WARMUP_S)),
     ]
     if REAL_TRACE.exists():  # one real hour, as one function, as it came and compressed 4x and 10x
-        for x in (1, 4, 10):
-            out.append((f"real-{x}x", dict(kind="csv", path=str(REAL_TRACE), compress=float(x),
-                                           profile=str(REAL_PROFILE)), SimConfig(gpus=8, warmup_s=WARMUP_S)))
+        out.extend(real_scenario(REAL_TRACE, x) for x in (1, 4, 10))
     return out
+
+
+def real_scenario(path: Path, compress: float, name: str | None = None) -> tuple[str, dict, SimConfig]:
+    """The real trace's cell for the arrivals of the CSV at `path` (a TIMESTAMP column) compressed
+    `compress` times: one function with the emulated code-completion profile on 8 GPUs."""
+    return (name or f"real-{compress:g}x", dict(kind="csv", path=str(path), compress=float(compress),
+                                                 profile=str(REAL_PROFILE)), SimConfig(gpus=8, warmup_s=WARMUP_S))
+
+
+def trace_of(options: dict, seed: int):
+    """(trace, profiles) of a scenario's trace options; profiles None for the built-in mix."""
+    options = dict(options)
+    kind, profile = options.pop("kind"), options.pop("profile", None)
+    trace = make_trace(kind, seed=seed, **options)
+    if profile is not None:
+        profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
+    return trace, None if profile is None else [profile] * len(trace.functions)
 
 
 def traces(quick: bool, seed: int, names: str | None = None):
@@ -106,12 +121,8 @@ def traces(quick: bool, seed: int, names: str | None = None):
     for name, options, config in scenarios(quick):
         if names and name not in names.split(","):
             continue
-        options = dict(options)
-        kind, profile = options.pop("kind"), options.pop("profile", None)
-        trace = make_trace(kind, seed=seed, **options)
-        if profile is not None:
-            profile = profile if isinstance(profile, Profile) else load_profile(Path(profile))
-        yield name, trace, None if profile is None else [profile] * len(trace.functions), config
+        trace, profiles = trace_of(options, seed)
+        yield name, trace, profiles, config
 
 
 def verdicts(name: str, result: dict) -> list[str]:

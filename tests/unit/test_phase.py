@@ -73,3 +73,45 @@ def test_unknown_policies_are_refused(small, policies, capsys):
     err = capsys.readouterr().err
     assert "unknown; expected comma-separated names of shoal" in err
     assert ("'knative'" in err) == ("knative" in policies)  # the one not known is named
+
+
+def test_a_csv_runs_as_the_real_traces_cell(tmp_path, capsys):
+    """`csv --path F --compress X`: the real trace's cell (its profile and cluster) on F's arrivals;
+    the same file as the bench's real trace gives the bench cell's figures to the digit."""
+    arrivals = tmp_path / "arrivals.csv"
+    stamps = [f"2023-11-16 18:00:{s:02d}.{ms:03d}0000,1,1" for s in range(0, 40) for ms in (0, 250, 500)]
+    arrivals.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
+    out = tmp_path / "phase.json"
+    assert phase.main(["csv", "--path", str(arrivals), "--compress", "0.5", "--seed", "1", "--shifts-ms", "0",
+                       "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["trace"] == "arrivals.csv compressed 0.5x"
+    # 3 a second for 40 s, stretched 2x (0.5x) to 80 s; the warm-up (60 s) not counted: the
+    # arrivals of 30.0-39.5 s, at 60-79 s: 30
+    assert data["rows"][0]["requests"] == 30 and data["rows"][0]["slo"] == 1.0
+    assert "arrivals.csv compressed 0.5x" in capsys.readouterr().out
+    # the real trace's cell: its profile and cluster, these arrivals
+    name, options, config = phase.real_scenario(arrivals, 0.5)
+    assert (name, options["path"], options["compress"]) == ("real-0.5x", str(arrivals), 0.5)
+    real = {n: (o, c) for n, o, c in phase.scenarios(False)}
+    if "real-4x" in real:  # ../shared beside the checkout
+        assert real["real-4x"][1] == config and real["real-4x"][0]["profile"] == options["profile"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["csv"], "--path is for the trace csv, and csv needs it", id="csv without a path"),
+    pytest.param(["real-4x", "--path", "x.csv"], "--path is for the trace csv, and csv needs it", id="a path elsewhere"),
+    pytest.param(["csv", "--path", "/nonexistent.csv"], "no such file", id="no file"),
+])
+def test_csv_arguments_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        phase.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_csv_compressed_by_nothing_is_refused(tmp_path, capsys):
+    arrivals = tmp_path / "a.csv"
+    arrivals.write_text("TIMESTAMP\n2023-11-16 18:00:00.0\n2023-11-16 18:00:01.0\n")
+    with pytest.raises(SystemExit):
+        phase.main(["csv", "--path", str(arrivals), "--compress", "0"])
+    assert "--compress 0.0: must be > 0" in capsys.readouterr().err
