@@ -63,7 +63,9 @@ class PolicyConfig:
     # tick phase (_budget_sample); off: the replicas' rps, which counts them at some phases
     # only. Off by the bench's rule (docs/policy-changes.md, "The error budget and a start from zero")
     budget_skips_starts: bool = False
-    keep_alive_max_s: float = 1800.0  # the keep-alive keeps an idle replica this long at most (0: off)
+    # the keep-alive keeps an idle replica this long at most, unless the function's spec sets its own
+    # (ScalingSpec.keep_alive_max_s); 0: off for every function, each going at its idle_to_zero_s
+    keep_alive_max_s: float = 1800.0
     miss_price_slice_s: float = 240.0  # a request that misses its SLO in a cold start is worth this many
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
@@ -702,7 +704,9 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
         return None  # shorter than any keep-alive keep_alive_s gives (an active look, most often)
     keep = keep_alive_s(state, spec, config)
     if idle_s >= keep:
-        why = "" if keep == spec.idle_to_zero_s else f" (keep-alive {keep:.0f} s: {_keep_why(state, spec, keep, config)})"
+        bound = keep == spec.keep_alive_max_s and config.miss_price_slice_s > 0 and state.cold_cost_s is not None
+        why = "" if keep == spec.idle_to_zero_s and not bound else \
+            f" (keep-alive {keep:.0f} s: {_keep_why(state, spec, keep, config)})"
         return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s{why}")
     return None
 
@@ -722,8 +726,9 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
     200, 50 s: K 50 (67.5 against 80 for K 200), so idle_to_zero_s, 60 s; priced at 250 s: K
     200 covers all four, then on to 250 s.
     Unpriced, gaps 40, 55, 70, 80, 95 s: 95 x 1.1 = 104.5 s. A function's own
-    keep_alive_max_s (its spec's) stands for the platform's: set to its idle_to_zero_s, the
-    function goes at idle_to_zero_s whatever a cold start costs. docs/design/policy.md."""
+    keep_alive_max_s (its spec's) stands for the platform's (but for the platform's 0, off for
+    all): set to its idle_to_zero_s, the function goes then whatever a cold start costs; set
+    higher, it lifts the bound, not few_gaps_keep_x's. docs/design/policy.md."""
     if config.keep_alive_max_s <= 0:
         return spec.idle_to_zero_s
     most = config.keep_alive_max_s if spec.keep_alive_max_s is None else spec.keep_alive_max_s

@@ -8,6 +8,7 @@ autoscaler.native.POLICY_GROUP): it must stay compilable, or the scale run runs 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
@@ -137,8 +138,8 @@ class ScalingSpec:
     idle_to_zero_s: float = 60.0
     # the most an idle function is kept past its last request where a cold start would miss the
     # SLO and the keep-alive prices those misses (autoscaler.policy.keep_alive_s); None: the
-    # platform's bound (PolicyConfig.keep_alive_max_s, 1,800 s); idle_to_zero_s itself: always
-    # go at idle_to_zero_s, cold starts accepted (Ray Serve's downscale_delay_s, exact)
+    # platform's bound (PolicyConfig.keep_alive_max_s); idle_to_zero_s itself: always go at
+    # idle_to_zero_s, cold starts accepted (Ray Serve's downscale_delay_s, exact)
     keep_alive_max_s: float | None = None
     # replicas each new revision is raised to at once and held at until that many are ready, the
     # autoscaler deciding from then on (Knative's initial-scale, whose default is 1; Ray Serve's
@@ -167,6 +168,9 @@ class ScalingSpec:
         if self.keep_alive_max_s is not None:
             if isinstance(self.keep_alive_max_s, bool) or not isinstance(self.keep_alive_max_s, (int, float)):
                 raise SpecError(f"keep_alive_max_s must be a number of seconds or null, got {self.keep_alive_max_s!r}")
+            if math.isinf(self.keep_alive_max_s):
+                raise SpecError(f"keep_alive_max_s ({self.keep_alive_max_s}) must be finite "
+                                "(to keep a replica always, set min_replicas)")
             if not self.keep_alive_max_s >= self.idle_to_zero_s:
                 raise SpecError(f"keep_alive_max_s ({self.keep_alive_max_s}) must be >= idle_to_zero_s "
                                 f"({self.idle_to_zero_s}), the least an idle function is kept")

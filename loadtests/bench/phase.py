@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.bench.phase", description=__doc__.split("\n\n")[0])
     p.add_argument("trace", choices=names + ["csv"], help="a cell of the policy bench, or csv (with --path)")
     p.add_argument("--path", type=Path, help="csv: the arrivals (a TIMESTAMP column), run as the real trace's cell")
-    p.add_argument("--compress", type=float, default=1.0, help="csv: compressed this many times (default 1)")
+    p.add_argument("--compress", type=float, help="csv: compressed this many times (default 1)")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--batcher", choices=BATCHERS, default="rule")
     p.add_argument("--shifts-ms", default="0,1,2,5,10,20,50", help="comma-separated, each >= 0 (default 0,1,2,5,10,20,50)")
@@ -84,14 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--shifts-ms {args.shifts_ms!r}: each must be >= 0 and under 1000")
     if (args.trace == "csv") != (args.path is not None):
         p.error("--path is for the trace csv, and csv needs it")
+    if args.compress is not None and args.trace != "csv":
+        p.error("--compress is for the trace csv")
     if args.path is not None and not args.path.is_file():
         p.error(f"--path {str(args.path)!r}: no such file")
-    if not args.compress > 0:
-        p.error(f"--compress {args.compress!r}: must be > 0")
-    csv = (args.path, args.compress) if args.path is not None else None
+    compress = 1.0 if args.compress is None else args.compress
+    if not compress > 0:
+        p.error(f"--compress {compress!r}: must be > 0")
+    csv = (args.path, compress) if args.path is not None else None
     rows = run(args.trace, args.seed, args.batcher, shifts, policies, csv)
     alone = "Shoal alone" if policies == ("shoal",) else ", ".join(policies)
-    what = f"{args.path.name} compressed {args.compress:g}x" if csv else args.trace
+    what = f"{args.path.name} compressed {compress:g}x" if csv else args.trace
     print(f"{what}, seed {args.seed}, the {args.batcher} batcher, {alone} (simulated):")
     for policy in policies:
         mine = [r for r in rows if r["policy"] == policy]

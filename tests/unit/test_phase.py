@@ -76,8 +76,8 @@ def test_unknown_policies_are_refused(small, policies, capsys):
 
 
 def test_a_csv_runs_as_the_real_traces_cell(tmp_path, capsys):
-    """`csv --path F --compress X`: the real trace's cell (its profile and cluster) on F's arrivals;
-    the same file as the bench's real trace gives the bench cell's figures to the digit."""
+    """`csv --path F --compress X`: the real trace's cell (its profile and cluster) on F's
+    arrivals, compressed X times."""
     arrivals = tmp_path / "arrivals.csv"
     stamps = [f"2023-11-16 18:00:{s:02d}.{ms:03d}0000,1,1" for s in range(0, 40) for ms in (0, 250, 500)]
     arrivals.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(stamps) + "\n")
@@ -100,7 +100,9 @@ def test_a_csv_runs_as_the_real_traces_cell(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     pytest.param(["csv"], "--path is for the trace csv, and csv needs it", id="csv without a path"),
-    pytest.param(["real-4x", "--path", "x.csv"], "--path is for the trace csv, and csv needs it", id="a path elsewhere"),
+    pytest.param(["gamma-cv4-40", "--path", "x.csv"], "--path is for the trace csv, and csv needs it",
+                 id="a path elsewhere"),
+    pytest.param(["gamma-cv4-40", "--compress", "4"], "--compress is for the trace csv", id="compress elsewhere"),
     pytest.param(["csv", "--path", "/nonexistent.csv"], "no such file", id="no file"),
 ])
 def test_csv_arguments_are_checked(argv, message, capsys):

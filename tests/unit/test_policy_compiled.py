@@ -59,10 +59,12 @@ def _own_spec(spec: ScalingSpec):
 
 def _spec(rng: np.random.Generator) -> ScalingSpec:
     low = int(rng.choice([0, 0, 0, 1, 2]))
+    idle = float(rng.choice([0.0, 5.0, 30.0, 60.0]))
+    most = rng.choice([None, None, idle, idle + 240.0])  # the function's own keep-alive bound
     return ScalingSpec(min_replicas=low, max_replicas=int(rng.integers(max(1, low), 12)),
                        slo_p95_ms=float(rng.choice([20.0, 100.0, 400.0])), target_duty=float(rng.uniform(0.5, 0.9)),
                        target_concurrency=float(rng.choice([1.0, 2.0, 4.0])),
-                       idle_to_zero_s=float(rng.choice([0.0, 5.0, 30.0, 60.0])))
+                       idle_to_zero_s=idle, keep_alive_max_s=None if most is None else float(most))
 
 
 def _looks(rng: np.random.Generator, steps: int, start: float = 100.0):

@@ -97,10 +97,14 @@ def test_few_gaps_keep_at_most_thirty_times_the_specs_setting():
 
 FUNCTION_CAP = [
     # id, gaps, cold start worth, the function's keep_alive_max_s, keep-alive
-    # its own bound stands for the platform's 1,800 s: below it (300 s) and above it (3,600 s)
+    # its own bound stands for the platform's 1,800 s: below it (300 s) and above it (3,600 s);
+    # every gap covered (200 s), then on to the break-even (5,000 s), cut at the bound
     ("below-the-platform's", (30.0, 40.0, 200.0, 50.0), 5000.0, 300.0, 300.0),
     ("above-the-platform's", (30.0, 40.0, 200.0, 50.0), 5000.0, 3600.0, 3600.0),
+    # few gaps: min(break-even 5,000, 30 x 60 = 1,800, its bound): 300 s; raised to 3,600 s,
+    # few_gaps_keep_x's 1,800 s still binds until 4 gaps are known
     ("few-gaps-below", (30.0,), 5000.0, 300.0, 300.0),
+    ("few-gaps-raised", (30.0,), 5000.0, 3600.0, 1800.0),
     # under its bound the price decides as before: 250 s covers every gap, then break-even
     ("not-binding", (30.0, 40.0, 200.0, 50.0), 250.0, 600.0, 250.0),
     # set to idle_to_zero_s (60 s): it goes then, however dear its cold start
@@ -127,6 +131,17 @@ def test_a_function_kept_to_its_own_bound_says_so():
     gone, _ = decide(snap(ready=1, at=300.0), spec, state, 300.0)
     assert gone.desired == 0 and gone.reason == "TO_ZERO", gone
     assert "keep-alive 300 s" in gone.detail and "its keep_alive_max_s" in gone.detail, gone.detail
+    # bound at its idle_to_zero_s (60 s): it goes then, and says which setting sent it
+    at_idle = ScalingSpec(keep_alive_max_s=60.0)
+    gone, _ = decide(snap(ready=1, at=60.0), at_idle, state, 60.0)
+    assert gone.reason == "TO_ZERO" and "keep-alive 60 s" in gone.detail and "its keep_alive_max_s" in gone.detail
+
+
+def test_the_platforms_keep_alive_off_holds_for_every_function():
+    # PolicyConfig.keep_alive_max_s 0: each function goes at its idle_to_zero_s, its own bound or not
+    off = PolicyConfig(keep_alive_max_s=0.0)
+    for most in (None, 300.0):
+        assert keep_alive_s(state_with((30.0,), 5000.0), ScalingSpec(keep_alive_max_s=most), off) == 60.0
 
 
 def test_keep_alive_follows_the_old_rule_with_no_price():

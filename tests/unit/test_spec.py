@@ -55,6 +55,8 @@ def test_slice_parse_errors(text, fragment):
          "keep_alive_max_s (30.0) must be >= idle_to_zero_s (60.0), the least an idle function is kept"),
         ({"keep_alive_max_s": "600"}, "keep_alive_max_s must be a number of seconds or null, got '600'"),
         ({"keep_alive_max_s": True}, "keep_alive_max_s must be a number of seconds or null, got True"),
+        ({"keep_alive_max_s": math.inf},
+         "keep_alive_max_s (inf) must be finite (to keep a replica always, set min_replicas)"),
         ({"keep_alive_max_s": math.nan},
          "keep_alive_max_s (nan) must be >= idle_to_zero_s (60.0), the least an idle function is kept"),
     ],
