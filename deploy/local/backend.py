@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,7 +70,41 @@ def _socket_dir(state_dir: Path) -> Path:
     return path
 
 
-def free_port(host: str) -> int:
+# replicas' TCP ports are picked below the kernel's ephemeral range, where it can be read: a port
+# the kernel hands out for bind(0) lies in that range, and any outgoing connection (a load
+# test's, the gateway's) can take it between the pick and the replica's bind, as one did in a
+# run of 80 functions (docs/benchmarks.md, "Many small functions, live": "Address already in use")
+PORT_FLOOR = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> tuple[int, int] | None:
+    """The kernel's range of ports for outgoing connections (Linux's ip_local_port_range, e.g.
+    32768-60999); None where it cannot be read."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def free_port(host: str, ephemeral: tuple[int, int] | None = None, rng: random.Random | None = None) -> int:
+    """A TCP port on `host` free now, for a replica to listen on: one drawn at random below the
+    ephemeral range (`ephemeral`, else the kernel's), bound once to check, so that no outgoing
+    connection can take it before the replica binds it (another listener still could); where the
+    range is unknown or leaves under 1,024 ports above PORT_FLOOR, or 32 draws are all taken,
+    the port the kernel gives. E.g. 32768-60999: a port in 10000-32767."""
+    span = ephemeral if ephemeral is not None else ephemeral_ports()
+    draw = rng or random
+    if span is not None and span[0] - PORT_FLOOR >= 1024:
+        for _ in range(32):
+            port = draw.randrange(PORT_FLOOR, span[0])
+            try:
+                with socket.socket() as s:
+                    s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -3,7 +3,9 @@ for CPU, GPU and emulated placements; and NVML discovery with a stand-in library
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import sys
 import tempfile
 import types
@@ -11,7 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from autoscaler.placement import Device, Placement
-from deploy.local.backend import _socket_dir, replica_argv, replica_env
+from deploy.local.backend import PORT_FLOOR, _socket_dir, ephemeral_ports, free_port, replica_argv, replica_env
 from deploy.local.inventory import discover_gpus
 from functions.spec import BatchingSpec, FunctionSpec
 
@@ -89,3 +91,36 @@ def test_a_long_state_dir_gets_one_socket_dir_cleared_at_the_next_start(tmp_path
         assert _socket_dir(short) == short.resolve() / "sockets"
     finally:
         shutil.rmtree(short)
+
+
+def test_a_replicas_port_is_drawn_below_the_ephemeral_range():
+    """Ports bind(0) gives lie in the kernel's ephemeral range, where an outgoing connection can
+    take one before the replica binds it; free_port draws below it, each free when drawn."""
+    ports = [free_port("127.0.0.1", (32768, 60999), random.Random(seed)) for seed in range(20)]
+    assert all(PORT_FLOOR <= p < 32768 for p in ports) and len(set(ports)) > 15, ports
+    for port in ports:  # free when drawn: a replica can bind it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_taken_is_drawn_again():
+    first, second = (free_port("127.0.0.1", (32768, 60999), random.Random(seed)) for seed in (1, 2))
+    assert first != second
+
+    class Rigged(random.Random):  # draws `first`, then `second`
+        draws = iter([first, second])
+
+        def randrange(self, *args):
+            return next(self.draws)
+    with socket.socket() as held:  # another process listens on the first draw
+        held.bind(("127.0.0.1", first))
+        assert free_port("127.0.0.1", (32768, 60999), Rigged()) == second
+
+
+def test_without_a_known_range_the_kernel_picks(tmp_path):
+    assert ephemeral_ports(tmp_path / "absent") is None
+    (tmp_path / "range").write_text("32768\t60999\n")
+    assert ephemeral_ports(tmp_path / "range") == (32768, 60999)
+    # a range that leaves under 1,024 ports above the floor: bind(0)'s port, wherever it lies
+    assert 0 < free_port("127.0.0.1", (PORT_FLOOR + 10, 60999)) < 65536
+
