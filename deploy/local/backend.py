@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Mapping
 
 import httpx
 
@@ -73,7 +73,9 @@ def _socket_dir(state_dir: Path) -> Path:
 # replicas' TCP ports are picked below the kernel's ephemeral range, where it can be read: a port
 # the kernel hands out for bind(0) lies in that range, and any outgoing connection (a load
 # test's, the gateway's) can take it between the pick and the replica's bind, as one did in a
-# run of 80 functions (docs/benchmarks.md, "Many small functions, live": "Address already in use")
+# run of 80 functions (docs/benchmarks.md, "Many small functions, live": "Address already in use").
+# From 10000 up: under it lie the ports services are commonly configured on (5432, 6379, 8080,
+# 9090, ...); with Linux's default range that leaves 22,768 to draw from
 PORT_FLOOR = 10000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -88,24 +90,30 @@ def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> tuple[int, int] | None:
     return low, high
 
 
-def free_port(host: str, ephemeral: tuple[int, int] | None = None, rng: random.Random | None = None) -> int:
-    """A TCP port on `host` free now, for a replica to listen on: one drawn at random below the
-    ephemeral range (`ephemeral`, else the kernel's), bound once to check, so that no outgoing
-    connection can take it before the replica binds it (another listener still could); where the
-    range is unknown or leaves under 1,024 ports above PORT_FLOOR, or 32 draws are all taken,
-    the port the kernel gives. E.g. 32768-60999: a port in 10000-32767."""
+def free_port(host: str, ephemeral: tuple[int, int] | None = None, rng: random.Random | None = None,
+              taken: Collection[int] = ()) -> int:
+    """A TCP port on `host` free now, for a replica to bind: one drawn at random below the
+    ephemeral range (`ephemeral`, else the kernel's), not in `taken` (the ports of replicas still
+    starting, which have not bound theirs yet), bound once to check, so that no outgoing
+    connection can take it before the replica binds it (another listener still could). Where the
+    range is unknown or leaves under 1,024 ports above PORT_FLOOR (too few to draw apart), or 32
+    draws are all taken (a range nearly full: something else is wrong), the port the kernel
+    gives, as before. E.g. 32768-60999: a port in 10000-32767."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as the replica binds it (serving.replica)
     span = ephemeral if ephemeral is not None else ephemeral_ports()
     draw = rng or random
     if span is not None and span[0] - PORT_FLOOR >= 1024:
         for _ in range(32):
             port = draw.randrange(PORT_FLOOR, span[0])
+            if port in taken:
+                continue
             try:
-                with socket.socket() as s:
+                with socket.socket(family) as s:
                     s.bind((host, port))
             except OSError:
                 continue
             return port
-    with socket.socket() as s:
+    with socket.socket(family) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -176,6 +184,7 @@ class LocalBackend:
         self._reader: asyncio.Task | None = None
         self._spawned: dict[str, asyncio.Future] = {}
         self._by_pid: dict[int, LocalReplica] = {}
+        self._created: dict[str, LocalReplica] = {}  # replicas not seen exited: their ports are taken
         self._early_exits: dict[int, int] = {}
         self._http: httpx.AsyncClient | None = None
         self._closing = False
@@ -238,9 +247,13 @@ class LocalBackend:
         self._zygote.stdin.write((json.dumps(message) + "\n").encode())
 
     async def create(self, replica_id: str, spec: FunctionSpec, placement: Placement) -> LocalReplica:
-        port = free_port(self.host)
+        for gone in [k for k, r in self._created.items() if r.exited.is_set()]:
+            del self._created[gone]
+        # replicas starting at once draw apart: one still loading has not bound its port yet
+        port = free_port(self.host, taken={r.port for r in self._created.values()})
         replica = LocalReplica(replica_id, self.host, port, self.log_dir / f"{replica_id}.log", self.clock(),
                                uds=str(self.socket_dir / f"{replica_id}.sock"))
+        self._created[replica_id] = replica
         future = asyncio.get_running_loop().create_future()
         self._spawned[replica_id] = future
         artifact = self.artifact_path(spec.artifact)
@@ -249,7 +262,11 @@ class LocalBackend:
             "argv": replica_argv(spec, placement, artifact, self.host, port, replica.uds),
             "env": replica_env(placement, self.compute_dir, self.gpu_env),
         })
-        replica.pid = await asyncio.wait_for(future, 30)
+        try:
+            replica.pid = await asyncio.wait_for(future, 30)
+        except BaseException:
+            self._created.pop(replica_id, None)
+            raise
         self._by_pid[replica.pid] = replica
         if replica.pid in self._early_exits:
             replica.exit_code = self._early_exits.pop(replica.pid)

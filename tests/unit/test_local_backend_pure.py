@@ -112,15 +112,32 @@ def test_a_port_taken_is_drawn_again():
 
         def randrange(self, *args):
             return next(self.draws)
-    with socket.socket() as held:  # another process listens on the first draw
+    with socket.socket() as held:  # another process holds the first draw
         held.bind(("127.0.0.1", first))
         assert free_port("127.0.0.1", (32768, 60999), Rigged()) == second
+
+
+def test_a_port_of_a_replica_still_starting_is_not_drawn():
+    # a replica still loading has not bound its port: free to a bind, taken all the same
+    first, second = (free_port("127.0.0.1", (32768, 60999), random.Random(seed)) for seed in (3, 4))
+
+    class Rigged(random.Random):  # draws `first`, then `second`
+        draws = iter([first, second])
+
+        def randrange(self, *args):
+            return next(self.draws)
+    assert free_port("127.0.0.1", (32768, 60999), Rigged(), taken={first}) == second
+
+
+class NoDraw(random.Random):
+    def randrange(self, *args):
+        raise AssertionError("drew a port where the kernel should pick")
 
 
 def test_without_a_known_range_the_kernel_picks(tmp_path):
     assert ephemeral_ports(tmp_path / "absent") is None
     (tmp_path / "range").write_text("32768\t60999\n")
     assert ephemeral_ports(tmp_path / "range") == (32768, 60999)
-    # a range that leaves under 1,024 ports above the floor: bind(0)'s port, wherever it lies
-    assert 0 < free_port("127.0.0.1", (PORT_FLOOR + 10, 60999)) < 65536
+    # a range that leaves under 1,024 ports above the floor: bind(0)'s port, no draw
+    assert 0 < free_port("127.0.0.1", (PORT_FLOOR + 10, 60999), NoDraw()) < 65536
 
