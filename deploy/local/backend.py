@@ -70,10 +70,12 @@ def _socket_dir(state_dir: Path) -> Path:
     return path
 
 
-# replicas' TCP ports are picked below the kernel's ephemeral range, where it can be read: a port
-# the kernel hands out for bind(0) lies in that range, and any outgoing connection (a load
-# test's, the gateway's) can take it between the pick and the replica's bind, as one did in a
-# run of 80 functions (docs/benchmarks.md, "Many small functions, live": "Address already in use").
+# replicas' TCP ports are drawn, not taken from bind(0): the kernel hands a port just closed out
+# again, and once gave two replicas starting together the same one (docs/benchmarks.md, "Many
+# small functions, live": "Address already in use"); and a port from bind(0) lies in the
+# kernel's ephemeral range, where any outgoing connection (a load test's, the gateway's) can
+# take it before the replica binds it. So: below that range where it can be read, and apart
+# from the ports of replicas still starting (LocalBackend.create).
 # From 10000 up: under it lie the ports services are commonly configured on (5432, 6379, 8080,
 # 9090, ...); with Linux's default range that leaves 22,768 to draw from
 PORT_FLOOR = 10000
