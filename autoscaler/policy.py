@@ -704,10 +704,7 @@ def _to_zero(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, n
         return None  # shorter than any keep-alive keep_alive_s gives (an active look, most often)
     keep = keep_alive_s(state, spec, config)
     if idle_s >= keep:
-        bound = keep == spec.keep_alive_max_s and config.miss_price_slice_s > 0 and state.cold_cost_s is not None
-        why = "" if keep == spec.idle_to_zero_s and not bound else \
-            f" (keep-alive {keep:.0f} s: {_keep_why(state, spec, keep, config)})"
-        return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s{why}")
+        return ScaleDecision(0, "TO_ZERO", f"idle {idle_s:.0f} s{_keep_why(state, spec, keep, config)}")
     return None
 
 
@@ -757,10 +754,18 @@ def keep_alive_s(state: PolicyState, spec: ScalingSpec, config: PolicyConfig) ->
 
 
 def _keep_why(state: PolicyState, spec: ScalingSpec, keep: float, config: PolicyConfig) -> str:
-    if config.miss_price_slice_s > 0 and state.cold_cost_s is not None:
-        bound = ", its keep_alive_max_s" if keep == spec.keep_alive_max_s else ""
-        return f"a cold start priced at {state.cold_cost_s:.0f} s idle, {len(state.gaps)} idle gap(s) known{bound}"
-    return f"from the last {len(state.gaps)} idle gaps"
+    """What the decision to zero says of the `keep` s its idle function was kept: nothing where it
+    went at its idle_to_zero_s by no bound of its own; else the price of its cold start (naming
+    the function's keep_alive_max_s where that bound decided), or its idle gaps."""
+    cost = state.cold_cost_s if config.miss_price_slice_s > 0 else None  # as keep_alive_s reads it
+    bound = cost is not None and keep == spec.keep_alive_max_s
+    if keep == spec.idle_to_zero_s and not bound:
+        return ""
+    if cost is not None:
+        named = ", its keep_alive_max_s" if bound else ""
+        return (f" (keep-alive {keep:.0f} s: a cold start priced at {cost:.0f} s idle, "
+                f"{len(state.gaps)} idle gap(s) known{named})")
+    return f" (keep-alive {keep:.0f} s: from the last {len(state.gaps)} idle gaps)"
 
 
 def _ski_rental(gaps: tuple[float, ...], cold_cost_s: float) -> float:

@@ -98,11 +98,11 @@ def scenarios(quick: bool) -> list[tuple[str, dict, SimConfig]]:
     return out
 
 
-def real_scenario(path: Path, compress: float, name: str | None = None) -> tuple[str, dict, SimConfig]:
+def real_scenario(path: Path, compress: float) -> tuple[str, dict, SimConfig]:
     """The real trace's cell for the arrivals of the CSV at `path` (a TIMESTAMP column) compressed
     `compress` times: one function with the emulated code-completion profile on 8 GPUs."""
-    return (name or f"real-{compress:g}x", dict(kind="csv", path=str(path), compress=float(compress),
-                                                 profile=str(REAL_PROFILE)), SimConfig(gpus=8, warmup_s=WARMUP_S))
+    return (f"real-{compress:g}x", dict(kind="csv", path=str(path), compress=float(compress), profile=str(REAL_PROFILE)),
+            SimConfig(gpus=8, warmup_s=WARMUP_S))
 
 
 def trace_of(options: dict, seed: int):
