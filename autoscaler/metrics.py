@@ -35,6 +35,8 @@ class ReplicaStat:
     stalled_s: float = 0.0  # how long the model call running now has run
     batches: float = 0.0  # batches executed (counter: the batch-size histogram's count)
     batch_rows: float = 0.0  # rows in them (its sum)
+    # ((rows, seconds), ...): the batches of zeros timed at its load (shoal_replica_batch_probe_seconds)
+    probe: tuple[tuple[float, float], ...] = ()
 
 
 def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
@@ -44,6 +46,7 @@ def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
     values: dict[str, float] = {}
     completed = errors = 0.0
     buckets: list[tuple[float, float]] = []
+    probe: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "shoal_replica_requests_total":
@@ -52,6 +55,8 @@ def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
                     errors += s.value
             elif s.name == "shoal_replica_request_duration_seconds_bucket":
                 buckets.append((float(s.labels["le"]), s.value))
+            elif s.name == "shoal_replica_batch_probe_seconds":
+                probe.append((float(s.labels["rows"]), s.value))
             else:
                 values[s.name] = s.value
     buckets.sort()
@@ -66,6 +71,7 @@ def parse_replica_metrics(text: str, replica: str, at: float) -> ReplicaStat:
         stalled_s=values.get("shoal_replica_stalled_seconds", 0.0),
         batches=values.get("shoal_replica_batch_size_count", 0.0),
         batch_rows=values.get("shoal_replica_batch_size_sum", 0.0),
+        probe=tuple(sorted(probe)),
     )
 
 
@@ -202,6 +208,32 @@ def batch_window(batches: float, answered: float, busy_s: float) -> tuple[float,
     if batches <= 0 or answered <= 0:
         return None
     return answered / batches, busy_s / batches
+
+
+def batch_window_rows(batches: float, answered: float, rows: float) -> float | None:
+    """Rows per request over a window in which a function's replicas ran `batches` batches of
+    `rows` rows in all and answered `answered` requests; None without a batch or a request.
+    E.g. 40 batches of 190 rows, 190 requests: 1.0 (a row each)."""
+    if batches <= 0 or answered <= 0:
+        return None
+    return rows / answered
+
+
+def seed_batch_latency(table: tuple[tuple[float, float], ...], probe: tuple[tuple[float, float], ...],
+                       rows_per_request: float | None = None) -> tuple[tuple[float, float], ...]:
+    """The learned table with the replicas' probe (batches of zeros timed at load, by rows:
+    serving's DataPlane._probe) where no window taught a size near it: a probed size whose
+    power-of-two bucket (as learn_batch_latency keeps them) holds no learned size is added. The
+    probe counts rows, the table requests: it is read as requests only while a request is
+    measured to carry one row (`rows_per_request` at most 1, or None before any was measured);
+    with more, a batch of 8 rows is fewer requests and the probe is left out. What a window
+    learns always stands over it. E.g. ((1, .0446),) with ((1, .040), (8, .120)): ((1, .0446),
+    (8, .120)); with 2 rows a request: ((1, .0446),)."""
+    if not probe or (rows_per_request is not None and rows_per_request > 1.0 + 1e-9):
+        return table
+    taken = {round(math.log2(r)) for r, _ in table}
+    added = [(r, s) for r, s in probe if r >= 1 and s > 0 and math.isfinite(s) and round(math.log2(r)) not in taken]
+    return tuple(sorted(table + tuple(added))) if added else table
 
 
 def learn_batch_latency(table: tuple[tuple[float, float], ...], size: float, seconds: float,

@@ -907,6 +907,8 @@ class ReplicaScaler:
             out[name] = {
                 "ready": snap.ready, "starting": snap.starting, "inflight": snap.inflight,
                 "held": snap.activator_queue, "rps": snap.rps, "p95_s": snap.p95_s,
+                # the batches as the policy reads them, ((requests, seconds), ...): learned, probed
+                "batch_latency_s": [list(row) for row in snap.batch_latency_s],
                 "desired": decision.desired if decision else None,
                 "reason": decision.reason if decision else None,
                 "detail": decision.detail if decision else None,

@@ -76,6 +76,8 @@ class Profile:
     slo_ms: float = 100.0
     target_concurrency: float = 2.0
     memory_mib: int | None = None  # a replica's GPU memory (None: its slice's share of the device's)
+    # cold_start_s already holds the probe's batches (one measured live): probe_s is not added
+    probe_in_cold_start: bool = False
 
     def __post_init__(self) -> None:
         if not self.latency_ms or self.latency_ms[0][0] != 1:
@@ -88,6 +90,22 @@ class Profile:
     @property
     def max_batch(self) -> int:
         return self.latency_ms[-1][0]
+
+    def probe(self, slice_fraction: float) -> tuple[tuple[float, float], ...]:
+        """The batches a replica on `slice_fraction` times at its load (serving's
+        DataPlane._probe): one of 1 row and one of the largest, as ((rows, seconds), ...) at
+        the slice's speed; none for a model that does not batch. E.g. ((1, 40), (8, 120)) ms on
+        its own slice: ((1, .04), (8, .12))."""
+        if self.max_batch <= 1:
+            return ()
+        speed = self.ref_slice / slice_fraction
+        return tuple((float(b), ms * speed / 1000.0) for b, ms in (self.latency_ms[0], self.latency_ms[-1]))
+
+    @property
+    def probe_s(self) -> float:
+        """What the probe adds to a cold start on the profile's slice (none where cold_start_s
+        holds it). E.g. ((1, 40), (8, 120)) ms: 0.16 s."""
+        return 0.0 if self.probe_in_cold_start else sum(s for _, s in self.probe(self.slice_fraction))
 
     def spec(self) -> ScalingSpec:
         return ScalingSpec(min_replicas=0, max_replicas=1000, slo_p95_ms=self.slo_ms,
@@ -468,7 +486,10 @@ class Simulation:
         self._settled_once: set[int] = {fid for fid, n in (initial or {}).items() if n}
         n = len(profiles)
         self.specs = [_as_class(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
-        self.cold = np.array([policy.cold_start_s(p) for p in profiles])  # how long a start takes
+        # how long a start takes: the policy's model load, then the probe's batches (a policy that
+        # starts none, cold start 0, has none)
+        self.cold = np.array([c + p.probe_s if c > 0 else 0.0 for p, c in ((p, policy.cold_start_s(p))
+                                                                            for p in profiles)])
         # the cold start the policy reads, per function: as shoal up measures it (create to ready
         # of the newest replica, kept once measured); until then the policy's own default, which
         # decide() also reads for the None the live loop passes (policy.lead_s)
@@ -1212,7 +1233,7 @@ class Simulation:
         for fid, size, secs in zip(fids[moved].tolist(), sizes[moved].tolist(), seconds[moved].tolist()):
             before = known.get(names[fid])
             table = learn(names[fid], slices[fid], (size, secs))
-            settled[fid] = (size, secs) if before is not None and before[1] == table else (math.nan, math.nan)
+            settled[fid] = (size, secs) if before is not None and before == known[names[fid]] else (math.nan, math.nan)
             tables[fid] = policy_table(table, int(self.max_batch[fid]))
 
     def _count_cold_starts(self, a: np.ndarray, f: np.ndarray) -> None:
@@ -1248,6 +1269,11 @@ class Simulation:
         for fid in fids:
             self._cold[fid] = float(self.cold[fid])
             self._measured[fid] = True
+            if self._batching[fid]:  # and its probe is read (DataPlane._probe), on the slice it ran on
+                on = self._slice_of[fid]
+                self._tables[fid] = policy_table(self.memory.learn(self._names[fid], on, None,
+                                                                   (on, self.profiles[fid].probe(on))),
+                                                 int(self.max_batch[fid]))
 
     def _wake(self, t1: float) -> None:
         while self.wakes and self.wakes[0][0] < t1:

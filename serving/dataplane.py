@@ -63,14 +63,16 @@ class DataPlane:
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self) -> None:
-        """Load the model, warm it up (Model.warm_up: its first request runs at speed), and
-        serve; the model-load gauge and a cold start's `load` phase count both. A warm-up that
-        loses the device is told as a call's would be (on_lost: the replica exits with status 4,
-        to be replaced) and the replica never serves; one that runs past the request timeout
-        fails the load; any other error of it is logged (a warning) and the replica serves."""
+        """Load the model, warm it up (Model.warm_up: its first request runs at speed), time its
+        batches (_probe) and serve; the model-load gauge and a cold start's `load` phase count
+        them all. A warm-up that loses the device is told as a call's would be (on_lost: the
+        replica exits with status 4, to be replaced) and the replica never serves; one that runs
+        past the request timeout fails the load; any other error of it is logged (a warning),
+        the batches are not probed (the model refuses zeros) and the replica serves."""
         start = self._clock()
         await self.executor.run_untimed(self.model.load)
         loaded = self._clock()
+        spec = effective_batching(self._batching, self.model)
         try:
             done = await asyncio.wait_for(self.executor.run_untimed(self.model.warm_up), self.request_timeout_s)
         except asyncio.TimeoutError:
@@ -86,11 +88,56 @@ class DataPlane:
         else:
             took = "" if done.startswith("not warmed up") else f" in {self._clock() - loaded:.3f} s"
             log.info("model %s loaded in %.3f s, %s%s", self.model.name, loaded - start, done, took)
-        self._loop.set_spec(effective_batching(self._batching, self.model))
+            if spec.max_batch_size > 1 and not await self._probe(spec.max_batch_size):
+                return
+        self._loop.set_spec(spec)
         self.metrics.model_load.set(self._clock() - start)
         self._loop.start()
         self.ready = True
         self.metrics.ready.set(1)
+
+    async def _probe(self, largest: int) -> bool:
+        """Time one batch of 1 row and one of `largest` (max_batch_size) on zeros before the
+        replica is ready, each said in shoal_replica_batch_probe_seconds{rows}: the controller
+        learns from them how a batch grows before its load has formed one
+        (autoscaler.metrics.seed_batch_latency). Without it a function whose requests spread
+        over several replicas, each running them alone, teaches only batches of one, and the
+        policy sizes it as a model that does not batch: the conversation trace at 4x held 3
+        replicas where 2 carry it (docs/benchmarks.md, "A real trace never run before"). Triton's
+        model_warmup runs such batches for a first call's cost; these are timed. The cold start
+        pays both (emulated_code.yaml: 40 + 120 ms on its 2 s load). Not for a model whose zeros
+        cannot be made (Model.zeros: user code, inputs not all declared). A probe that fails is
+        logged and left out (the replica serves); one that loses the device is told as a call's
+        would be (on_lost) and False returned: the replica never serves; one past the request
+        timeout fails the load, as a warm-up's does. Not counted as busy: no window holds it."""
+        taken = []
+        for rows in (1, largest):
+            batch = self.model.zeros(rows)
+            if isinstance(batch, str):
+                log.info("model %s: batches not probed: %s", self.model.name, batch)
+                return True
+            began = self._clock()
+            try:
+                await asyncio.wait_for(self.executor.run_untimed(lambda b=batch: self.model.predict(b)),
+                                       self.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"the model's batch of {rows} rows of zeros ran past the request timeout "
+                                   f"({self.request_timeout_s:g} s)") from None
+            except Exception as exc:
+                if (why := device_lost(exc)) is not None:
+                    self.lost = why
+                    if self.on_lost is not None:
+                        self.on_lost(why)
+                    return False
+                log.warning("model %s: batches not probed: %d rows of zeros raised %s: %s", self.model.name, rows,
+                            type(exc).__name__, str(exc).strip()[:300])
+                return True
+            taken.append((rows, self._clock() - began))
+        for rows, seconds in taken:
+            self.metrics.probed(rows, seconds)
+        log.info("model %s: batches probed: %s", self.model.name,
+                 ", ".join(f"{rows} row(s) in {seconds * 1000:.1f} ms" for rows, seconds in taken))
+        return True
 
     def hung(self) -> str | None:
         """Why this replica is not live: its device was lost (a sticky CUDA error: every later

@@ -79,6 +79,12 @@ class ReplicaMetrics:
         self.model_load = Gauge(
             "shoal_replica_model_load_seconds", "Seconds the model took to load and warm up", ["function"], registry=r,
         ).labels(function)
+        # one batch of 1 row and one of the largest, timed on zeros before the replica was ready
+        # (DataPlane._probe): how a batch grows, for the controller (metrics.seed_batch_latency)
+        self._probe = Gauge(
+            "shoal_replica_batch_probe_seconds", "Seconds a batch of this many rows of zeros took at load",
+            ["function", "rows"], registry=r,
+        )
         self.ready = Gauge(
             "shoal_replica_ready", "1 when the model is loaded and serving", ["function"], registry=r,
         ).labels(function)
@@ -94,6 +100,9 @@ class ReplicaMetrics:
         # the success series exists from the start, at 0: Prometheus' rate() drops what a series
         # counted before its first scrape, so one created at the first request would read low
         self._codes: dict[int, Counter] = {200: self.requests.labels(function, "200")}
+
+    def probed(self, rows: int, seconds: float) -> None:
+        self._probe.labels(self.function, str(rows)).set(seconds)
 
     def enter(self) -> None:
         """A request is inside the replica (queued or running) from now."""

@@ -20,6 +20,7 @@ from autoscaler.metrics import (
     ReplicaStat,
     advance_window,
     batch_window,
+    batch_window_rows,
     duty_cycle,
     fraction_over,
     histogram_delta,
@@ -116,7 +117,8 @@ class ReplicaScrapes:
             answered_rps=answered_rps,
         )
         # in requests, the unit of rps and in-flight
-        return Reading(snapshot, batch_window(w.batches, w.answered, w.busy))
+        return Reading(snapshot, batch_window(w.batches, w.answered, w.busy), w.probe,
+                       batch_window_rows(w.batches, w.answered, w.rows))
 
     def _inflight(self, name: str, keep: bool = True) -> float:
         """The function's requests in its replicas, time-averaged since its last tick's reading
@@ -188,7 +190,8 @@ class _Window:
 
     def __init__(self, scraped: list[tuple[Replica, ReplicaStat]], keep: bool = True):
         self.duties: list[float] = []
-        self.rps = self.queued = self.busy = self.answered = self.batches = self.windows = 0.0
+        self.rps = self.queued = self.busy = self.answered = self.batches = self.rows = self.windows = 0.0
+        self.probe: tuple[float | None, tuple[tuple[float, float], ...]] | None = None  # a replica's (the last read that had one), on its slice
         self.moved = False  # some replica's window moved on: a scrape newer than the last tick's
         for replica, stat in scraped:
             self.moved = self.moved or not replica.stats or stat.at > replica.stats[-1].at
@@ -196,6 +199,9 @@ class _Window:
             if keep:
                 replica.stats = stats
             self._add(stats[0] if len(stats) == 2 else None, stats[-1])
+            if stat.probe:
+                on = replica.placement.fraction if replica.placement is not None else None
+                self.probe = (None if on is None else float(on), stat.probe)
 
     def _add(self, prev: ReplicaStat | None, stat: ReplicaStat) -> None:
         self.queued += stat.queued
@@ -206,3 +212,4 @@ class _Window:
             self.busy += max(0.0, stat.busy_s - prev.busy_s)
             self.answered += max(0.0, stat.completed - prev.completed)
             self.batches += max(0.0, stat.batches - prev.batches)
+            self.rows += max(0.0, stat.batch_rows - prev.batch_rows)

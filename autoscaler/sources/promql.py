@@ -25,6 +25,7 @@ from autoscaler.loop import Fleet, Reading
 from autoscaler.metrics import (
     ReplicaStat,
     batch_window,
+    batch_window_rows,
     cumulative_histogram,
     fraction_over,
 )
@@ -44,7 +45,8 @@ GAUGES = {  # metric name -> ReplicaStat field
     "shoal_replica_batch_size_count": "batches",
     "shoal_replica_batch_size_sum": "batch_rows",
 }
-NAMES = (REQUESTS, BUCKETS, *GAUGES)
+PROBE = "shoal_replica_batch_probe_seconds"  # by rows: ReplicaStat.probe
+NAMES = (REQUESTS, BUCKETS, *GAUGES, PROBE)
 
 
 def replica_query(instance: str, lookback_s: float) -> str:
@@ -77,6 +79,7 @@ def stat_from_query(data: dict[str, Any], replica: str) -> ReplicaStat | None:
     fields: dict[str, float] = {}
     completed = errors = 0.0
     buckets: list[tuple[float, float]] = []
+    probe: list[tuple[float, float]] = []
     for labels, (ts, text) in latest:
         value = float(text)
         if float(ts) != at or math.isnan(value):
@@ -88,10 +91,12 @@ def stat_from_query(data: dict[str, Any], replica: str) -> ReplicaStat | None:
                 errors += value
         elif name == BUCKETS and "le" in labels:
             buckets.append((float(labels["le"]), value))
+        elif name == PROBE and "rows" in labels:
+            probe.append((float(labels["rows"]), value))
         elif name in GAUGES:
             fields[GAUGES[name]] = value
     return ReplicaStat(replica=replica, at=at, completed=completed, errors=errors,
-                       latency_buckets=cumulative_histogram(buckets), **fields)
+                       latency_buckets=cumulative_histogram(buckets), probe=tuple(sorted(probe)), **fields)
 
 
 class PromQLError(RuntimeError):
@@ -165,7 +170,7 @@ POKE_TTL_S = 5.0  # a gateway's poke counts this long (then Prometheus has seen 
 
 
 def cluster_queries(window: str = WINDOW) -> dict[str, str]:
-    """PromQL for every function's snapshot at once: nine queries a tick, whatever the number of
+    """PromQL for every function's snapshot at once: eleven queries a tick, whatever the number of
     functions (one per function would make a tick outlast the Lease on a large cluster)."""
     by = "by (function)"
     return {
@@ -182,6 +187,9 @@ def cluster_queries(window: str = WINDOW) -> dict[str, str]:
         "busy": f"sum {by} (rate(shoal_replica_busy_seconds_total[{window}]))",
         "buckets": f"sum by (function, le) (rate({LATENCY}[{window}]))",
         "batches": f"sum {by} (rate(shoal_replica_batch_size_count[{window}]))",
+        "rows": f"sum {by} (rate(shoal_replica_batch_size_sum[{window}]))",
+        # each size's slowest pod's probe at its load (the function's pods on one slice)
+        "probe": "max by (function, rows) (shoal_replica_batch_probe_seconds)",
     }
 
 
@@ -250,6 +258,28 @@ def batch_of(results: dict[str, list]) -> tuple[float, float] | None:
                         _scalar(results.get("busy", [])) or 0.0)
 
 
+def probe_of(results: dict[str, list]) -> tuple[None, tuple[tuple[float, float], ...]] | None:
+    """The function's probe (loop.Reading.probe, on its slice now) from a `probe` vector, by its
+    `rows` label (pure); None without one. E.g. rows 1 at .040 and 8 at .120: (None, ((1.0, .04),
+    (8.0, .12)))."""
+    points = []
+    for sample in results.get("probe", []):
+        try:
+            rows, seconds = float((sample.get("metric") or {})["rows"]), float(sample["value"][1])
+        except (KeyError, ValueError):
+            continue
+        if rows >= 1 and math.isfinite(seconds) and seconds > 0:
+            points.append((rows, seconds))
+    return (None, tuple(sorted(points))) if points else None
+
+
+def rows_of(results: dict[str, list]) -> float | None:
+    """Rows per request over the window (metrics.batch_window_rows) from the rates of batches,
+    their rows and requests answered (pure). E.g. 8 batches/s of 38 rows/s, 38 requests/s: 1.0."""
+    return batch_window_rows(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
+                             _scalar(results.get("rows", [])) or 0.0)
+
+
 Query = Callable[[str], "list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]"]
 
 
@@ -286,7 +316,7 @@ class FunctionQueries:
         poked_at, held = self.pokes.get(name, (0.0, 0))
         if now - poked_at <= POKE_TTL_S and held > snapshot.activator_queue:
             snapshot = snapshot._replace(activator_queue=held)
-        return Reading(snapshot, batch_of(results))
+        return Reading(snapshot, batch_of(results), probe_of(results), rows_of(results))
 
     async def _vector(self, promql: str) -> list[dict[str, Any]]:
         result = self.query(promql)

@@ -270,7 +270,8 @@ def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
     """The simulator's Profile of the live function: `shoal simulate --profile`'s own reading,
     with the slice, SLO and target concurrency deployed live, the cold start measured live, and
     `overhead_s` added to every batch's latency (the serving stack's time per batch beyond the
-    emulated device's sleep: SERVING_OVERHEAD_S). E.g. ((1, 40), (8, 120)) ms, 0.7 ms:
+    emulated device's sleep: SERVING_OVERHEAD_S); the probe's batches are not added to the cold
+    start, which holds them. E.g. ((1, 40), (8, 120)) ms, 0.7 ms:
     ((1, 40.7), (8, 120.7))."""
     from deploy.cli.simulate import profile_from
 
@@ -279,7 +280,8 @@ def sim_profile(profile: Path, cold_start_s: float, overhead_s: float = 0.0):
     made = profile_from(argparse.Namespace(profile=profile, slo_ms=SLO_MS, slice=float(Fraction(SLICE)),
                                            cold_start_s=cold_start_s))
     latency = tuple((b, ms + overhead_s * 1000.0) for b, ms in made.latency_ms)
-    return replace(made, target_concurrency=TARGET_CONCURRENCY, latency_ms=latency)
+    # the cold start measured live holds the probe's batches (DataPlane._probe) already
+    return replace(made, target_concurrency=TARGET_CONCURRENCY, latency_ms=latency, probe_in_cold_start=True)
 
 
 def batch_overhead_s(sent: list[float], latency_s: list[float], seconds: tuple[float, ...],

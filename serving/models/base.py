@@ -70,27 +70,36 @@ class Model(abc.ABC):
         """Run the model on zeros before its replica is ready, as Triton's model_warmup does, so
         that its first request does not pay what a first call costs: on a GPU, loading kernels,
         cuBLAS's handle, a JIT's compile (the scorer's first inference through shoal up on an H100
-        and an H200 took 0.12-0.20 s, its warm p50 2 ms: docs/gpu.md). Only where every input's
-        datatype and dims are declared but the first, a batch dim given 1 (a row); not for an
-        emulated model (its time is slept), nor for user code (a handler may write, count or
-        call out). What was done, for the replica's log. A model that refuses zeros is left as it
-        is, its error said (it may still serve real inputs); the caller checks for a lost device
-        and bounds the time. Called on the executor thread, after load()."""
-        from serving.protocol.datatypes import numpy_dtype
-
+        and an H200 took 0.12-0.20 s, its warm p50 2 ms: docs/gpu.md). On one row of zeros
+        (Model.zeros); not for an emulated model (its time is slept). What was done, for the
+        replica's log. A model that refuses zeros is left as it is, its error said (it may still
+        serve real inputs); the caller checks for a lost device and bounds the time. Called on
+        the executor thread, after load()."""
         if self.emulated:
             return "not warmed up: emulated"
-        if self.user_code:
-            return "not warmed up: user code, called only for a request"
-        if (not self.inputs or not self.strict_shapes or any(s.datatype == "BYTES" for s in self.inputs)
-                or any(d < 0 for s in self.inputs for d in s.shape[1:])):
-            return "not warmed up: its inputs' datatypes and dims (but a batch dim) are not all declared"
-        batch = {s.name: np.zeros(tuple(d if d >= 0 else 1 for d in s.shape), numpy_dtype(s.datatype))
-                 for s in self.inputs}
+        batch = self.zeros(1)
+        if isinstance(batch, str):
+            return f"not warmed up: {batch}"
         for _ in range(self.warmup_runs):
             self.predict(batch)
         shapes = ", ".join(f"{s.name} {list(batch[s.name].shape)}" for s in self.inputs)
         return f"warmed up on zeros ({shapes}) x{self.warmup_runs}"
+
+    def zeros(self, rows: int) -> dict[str, np.ndarray] | str:
+        """A batch of `rows` rows of zeros for every declared input, or why none can be made: only
+        where every input's datatype and dims are declared but the first (the batch dim, given
+        `rows`), and never for user code (a handler may write, count or call out). E.g. inputs
+        x FP32 [-1, 4]: {"x": zeros((rows, 4), float32)}."""
+        from serving.protocol.datatypes import numpy_dtype
+
+        if self.user_code:
+            return "user code, called only for a request"
+        if (not self.inputs or not self.strict_shapes or any(s.datatype == "BYTES" for s in self.inputs)
+                or any(d < 0 for s in self.inputs for d in s.shape[1:])):
+            return "its inputs' datatypes and dims (but a batch dim) are not all declared"
+        return {s.name: np.zeros(tuple(d if d >= 0 else rows for d in s.shape[:1]) + tuple(s.shape[1:]),
+                                 numpy_dtype(s.datatype))
+                for s in self.inputs}
 
     def predict_v1(self, body: Any, headers: dict[str, str]) -> Any:
         """Answer a V1 body natively; models that do not raise NotImplementedError."""

@@ -27,9 +27,10 @@ def vector(*values: float, label: str | None = None, function: str = "digits") -
              "value": [1795320000.0, repr(v)]} for i, v in enumerate(values)]
 
 
-def test_nine_queries_for_every_function_at_once():
+def test_eleven_queries_for_every_function_at_once():
     q = cluster_queries()
-    assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy", "buckets", "batches"}
+    assert set(q) == {"rps", "duty", "p95_s", "inflight", "queued", "held", "busy", "buckets", "batches", "rows",
+                      "probe"}
     assert q["rps"] == "sum by (function) (rate(shoal_replica_requests_total[30s]))"
     assert q["duty"] == "sum by (function, pod) (rate(shoal_replica_busy_seconds_total[30s]))"
     # latency from arrival, held time included: the gateways' histogram, not the replicas'
@@ -37,6 +38,9 @@ def test_nine_queries_for_every_function_at_once():
     assert q["p95_s"] == ("histogram_quantile(0.95, sum by (function, le) "
                           "(rate(shoal_gateway_request_duration_seconds_bucket[30s])))")
     assert q["batches"] == "sum by (function) (rate(shoal_replica_batch_size_count[30s]))"
+    assert q["rows"] == "sum by (function) (rate(shoal_replica_batch_size_sum[30s]))"
+    # each size's slowest pod's batch of zeros timed at its load
+    assert q["probe"] == "max by (function, rows) (shoal_replica_batch_probe_seconds)"
     # in flight time-averaged between the last two scrapes, not the gauge's count at one
     assert q["inflight"] == "sum by (function) (irate(shoal_replica_inflight_seconds_total[30s]))"
 
@@ -132,7 +136,7 @@ def test_tick_scales_out_on_load_and_only_the_leader_acts():
 
     def query(promql: str) -> list[dict]:
         key = next(k for k, q in cluster_queries().items() if q == promql)
-        return load[key]
+        return load.get(key, [])
 
     a, b = controller(kube, query, clock, "a"), controller(kube, query, clock, "b")
     first = a.tick()
@@ -191,7 +195,7 @@ def test_a_poke_from_the_gateway_starts_a_replica_before_prometheus_sees_the_que
              "batches": []}
 
     def query(promql: str) -> list[dict]:
-        return quiet[next(k for k, q in cluster_queries().items() if q == promql)]
+        return quiet.get(next(k for k, q in cluster_queries().items() if q == promql), [])
 
     c = controller(kube, query, clock)
     assert c.tick().applied == ["create digits to 0"]  # nothing held, nothing measured: stays at zero
@@ -230,7 +234,7 @@ def test_requests_over_the_slo_reach_the_error_budget(over_pct, expected):
     load = {"rps": vector(40.0), "busy": vector(0.4), "inflight": vector(1.0), "held": vector(0.0),
             "queued": vector(0.0), "duty": vector(0.4, label="fn-digits"), "p95_s": vector(0.05),
             "buckets": buckets(("0.05", within), ("0.1", within), ("0.25", 40.0), ("+Inf", 40.0)), "batches": []}
-    c = controller(kube, lambda promql: load[next(k for k, q in cluster_queries().items() if q == promql)], clock)
+    c = controller(kube, lambda promql: load.get(next(k for k, q in cluster_queries().items() if q == promql), []), clock)
     c.tick()
     kube.deployments[("shoal", "fn-digits")]["status"]["readyReplicas"] = 1
     for _ in range(40):
@@ -249,7 +253,7 @@ def test_the_burst_view_compares_rates_of_windows_that_do_not_overlap():
     load = {"rps": vector(40.0), "busy": vector(0.4), "inflight": vector(1.0), "held": vector(0.0),
             "queued": vector(0.0), "duty": vector(0.4, label="fn-digits"), "p95_s": vector(0.05), "buckets": [],
             "batches": []}
-    c = controller(kube, lambda promql: load[next(k for k, q in cluster_queries().items() if q == promql)], clock)
+    c = controller(kube, lambda promql: load.get(next(k for k, q in cluster_queries().items() if q == promql), []), clock)
     sampled_at = set()
     for i in range(61):
         load["rps"] = vector(40.0 if i < 30 else 70.0)
@@ -333,7 +337,7 @@ def test_the_cold_start_measured_on_the_cluster_reaches_the_policy(monkeypatch):
     seen = []
 
     def query(promql: str) -> list[dict]:
-        return load[next(k for k, q in cluster_queries().items() if q == promql)]
+        return load.get(next(k for k, q in cluster_queries().items() if q == promql), [])
 
     c = controller(kube, query, clock)
     assert c.tick().applied == ["create digits to 2"]  # 4 in flight / 2 per replica

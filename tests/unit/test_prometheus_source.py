@@ -131,10 +131,10 @@ def test_stat_from_query(data, expected):
 
 @pytest.mark.parametrize("instance, lookback_s, expected", [
     pytest.param("127.0.0.1:9001", 60.0, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum)",instance="127.0.0.1:9001"}[60000ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum|batch_probe_seconds)",instance="127.0.0.1:9001"}[60000ms]',
                  id="one selector for every series"),
     pytest.param('a"b', 0.0001, '{__name__=~"shoal_replica_(requests_total|request_duration_seconds_bucket|'
-                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum)",instance="a\\"b"}[1ms]',
+                 'inflight|queued|busy_seconds_total|model_load_seconds|stalled_seconds|batch_size_count|batch_size_sum|batch_probe_seconds)",instance="a\\"b"}[1ms]',
                  id="quotes escaped, at least 1 ms"),
 ])
 def test_replica_query(instance, lookback_s, expected):

@@ -951,11 +951,13 @@ def on_line(size, seconds, speed):
 
 @pytest.mark.parametrize("slice_fraction", [0.25, 0.5])
 def test_a_function_learns_the_batches_it_ran(slice_fraction):
-    """At zero, and after batches of one size, the policy sees no table (live: loop.policy_table).
-    The deploy look at 0 starts one replica (ready at 1.0); a request at 2.0 runs alone (a
-    batch of 1: 10 ms x speed); after 200 requests at 3.0 the policy sees the sizes that replica
-    ran, at its slice's latency (a 0.5 slice of a profile measured on 0.25: speed 0.5, half the
-    seconds). On 0.25:
+    """At zero the policy sees no table. The deploy look at 0 starts one replica, ready at 1.0
+    plus its probe's batches (1 and 8 rows: 30 ms x speed, Profile.probe_s); from the look at 2.0
+    the policy sees the probe (live: the replica's shoal_replica_batch_probe_seconds); a
+    request at 2.0 runs alone (a batch of 1: 10 ms x speed), learned in the probe's stead;
+    after 200 requests at 3.0 the policy sees the sizes that replica ran, the probe's 8 given
+    way to them, at its slice's latency (a 0.5 slice of a profile measured on 0.25: speed 0.5,
+    half the seconds). On 0.25:
     requests 0-3 ride in batches of 4, then 5, 6, 7, the remaining 193 in batches of 8 (see
     BACKLOG_BATCHES): 1 + 1/5 + 1/6 + 1/7 + 193/8 = 25.635 batches; 200 / 25.635 = 7.80 rows
     per batch, and L(7.80) = 10 + 6.80 x 10/7 = 19.717 ms a batch (over half the largest batch,
@@ -966,8 +968,12 @@ def test_a_function_learns_the_batches_it_ran(slice_fraction):
     sim.run()
     speed = 0.25 / slice_fraction
     assert policy.at(0.0).ready + policy.at(0.0).starting == 0  # the deploy look, at zero
-    for now in (0.0, 1.0, 2.0, 3.0):  # none yet; then one batch of 1: one size
+    for now in (0.0, 1.0):  # no replica ready yet: nothing known
         assert policy.at(now).batch_latency_s == ()
+    probe = ((1.0, 0.010 * speed), (8.0, 0.020 * speed))
+    for now in (2.0, 3.0):  # the probe; then one batch of 1 learned, the probe's 8 beside it
+        seen = policy.at(now).batch_latency_s
+        assert [r for r, _ in seen] == [1.0, 8.0] and [x for _, x in seen] == pytest.approx([x for _, x in probe])
     learned_on, (first, *_) = sim.memory.batch["f0"]
     assert learned_on == slice_fraction and first == pytest.approx((1.0, 0.010 * speed))
     table = policy.at(4.0).batch_latency_s
