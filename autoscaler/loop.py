@@ -18,7 +18,7 @@ from typing import Any, Callable, Collection, NamedTuple, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from autoscaler.coldstarts import ColdStarts, forget_others
-from autoscaler.metrics import learn_batch_latency, seed_batch_latency
+from autoscaler.metrics import learn_batch_latency, rows_per_request, seed_batch_latency
 from autoscaler.snapshot import MetricsSnapshot
 from autoscaler.policies import Shoal
 from autoscaler.policy import ScaleDecision
@@ -70,7 +70,7 @@ class Reading(NamedTuple):
     # a replica's probe at its load (metrics.seed_batch_latency): the slice it ran on (None: the
     # function's now) and its ((rows, seconds), ...); None when no replica read had one
     probe: tuple[float | None, BatchTable] | None = None
-    rows_per_request: float | None = None  # over the window (metrics.batch_window_rows), None without a batch
+    rows: tuple[float, float] | None = None  # (batch rows, requests answered) over the window; None: none answered
 
 
 class MetricsSource(Protocol):
@@ -139,19 +139,20 @@ class Memory:
     policy: dict[str, Any] = field(default_factory=dict)  # the policy's state, per function
     batch: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it was learned on, table)
     probe: dict[str, tuple[float, BatchTable]] = field(default_factory=dict)  # (the slice it ran on, the probe)
-    rows: dict[str, float] = field(default_factory=dict)  # rows per request, as last measured
+    rows: dict[str, tuple[float, float]] = field(default_factory=dict)  # (batch rows, requests answered), summed
     cold: ColdStarts = field(default_factory=ColdStarts)
     # per function, (revision, since): the revision whose initial scale is being held since that
     # look, or was reached or given up (since None): then its policy decides (Loop._raising)
     initialized: dict[str, tuple[int, float | None]] = field(default_factory=dict)
 
     def learn(self, name: str, slice_fraction: float, window: tuple[float, float] | None,
-              probe: tuple[float | None, BatchTable] | None = None, rows_per_request: float | None = None
-              ) -> BatchTable:
+              probe: tuple[float | None, BatchTable] | None = None, rows: tuple[float, float] | None = None,
+              max_rows: float | None = None) -> BatchTable:
         """The function's batch latencies after this window; a table learned on another slice
         is carried to this one at the slice's speed (on_slice), then moved by what it runs.
         Returned seeded by the last probe of its replicas (metrics.seed_batch_latency, carried to
-        this slice too), which is kept apart: a window's learning never mixes with it."""
+        this slice too, its sizes up to `max_rows`, while the windows' rows per request, summed,
+        read one), which is kept apart: a window's learning never mixes with it."""
         learned_on, table = self.batch.get(name, (slice_fraction, ()))
         if learned_on != slice_fraction:
             table = on_slice(table, learned_on, slice_fraction)
@@ -160,12 +161,14 @@ class Memory:
         self.batch[name] = (slice_fraction, table)
         if probe is not None:
             self.probe[name] = (slice_fraction if probe[0] is None else probe[0], probe[1])
-        if rows_per_request is not None:
-            self.rows[name] = rows_per_request
+        if rows is not None:
+            counted = self.rows.get(name, (0.0, 0.0))
+            self.rows[name] = (counted[0] + rows[0], counted[1] + rows[1])
         if name not in self.probe:
             return table
         probed_on, points = self.probe[name]
-        return seed_batch_latency(table, on_slice(points, probed_on, slice_fraction), self.rows.get(name))
+        return seed_batch_latency(table, on_slice(points, probed_on, slice_fraction),
+                                  rows_per_request(*self.rows.get(name, (0.0, 0.0))), max_rows)
 
     def keep_only(self, names: set[str]) -> None:
         forget_others(names, self.policy, self.batch, self.probe, self.rows, self.initialized)
@@ -349,7 +352,8 @@ class Loop:
         """The reading with what the loop learned: batch latencies (policy_table), the cold
         start, the slice."""
         slice_fraction = float(self.scaler.slice_for(spec))
-        table = self.memory.learn(name, slice_fraction, reading.batch, reading.probe, reading.rows_per_request)
+        table = self.memory.learn(name, slice_fraction, reading.batch, reading.probe, reading.rows,
+                                  spec.batching.max_batch_size)
         cold_s = fleet.started_s if fleet.started_s is not None else self.memory.cold.latest.get(name)
         return reading.snapshot._replace(slice_fraction=slice_fraction, deployed_slice=float(spec.slice.fraction),
                                          cold_start_s=cold_s,

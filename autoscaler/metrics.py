@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -210,27 +211,38 @@ def batch_window(batches: float, answered: float, busy_s: float) -> tuple[float,
     return answered / batches, busy_s / batches
 
 
-def batch_window_rows(batches: float, answered: float, rows: float) -> float | None:
-    """Rows per request over a window in which a function's replicas ran `batches` batches of
-    `rows` rows in all and answered `answered` requests; None without a batch or a request.
-    E.g. 40 batches of 190 rows, 190 requests: 1.0 (a row each)."""
-    if batches <= 0 or answered <= 0:
+ONE_ROW_MAX: Final = 1.5  # rows per request up to which requests are read as one row each
+ROWS_MIN_ANSWERED: Final = 50.0  # requests counted before rows per request is read at all
+
+
+def rows_per_request(rows: float, answered: float) -> float | None:
+    """Rows per request from batch rows and requests answered counted over the windows so far
+    (loop.Memory sums them), None while under ROWS_MIN_ANSWERED requests: a batch's rows count
+    when it starts and its requests when answered, so a window ending inside a batch reads one
+    batch more (5 rows for 4 requests), which a count of many requests makes small. E.g. 410
+    rows, 400 requests: 1.025; 20 rows, 10 requests: None."""
+    if answered < ROWS_MIN_ANSWERED:
         return None
     return rows / answered
 
 
 def seed_batch_latency(table: tuple[tuple[float, float], ...], probe: tuple[tuple[float, float], ...],
-                       rows_per_request: float | None = None) -> tuple[tuple[float, float], ...]:
+                       rows_per_request: float | None = None, max_rows: float | None = None
+                       ) -> tuple[tuple[float, float], ...]:
     """The learned table with the replicas' probe (batches of zeros timed at load, by rows:
     serving's DataPlane._probe) where no window taught a size near it: a probed size whose
-    power-of-two bucket (as learn_batch_latency keeps them) holds no learned size is added. The
-    probe counts rows, the table requests: it is read as requests only while a request is
-    measured to carry one row (`rows_per_request` at most 1, or None before any was measured);
-    with more, a batch of 8 rows is fewer requests and the probe is left out. What a window
-    learns always stands over it. E.g. ((1, .0446),) with ((1, .040), (8, .120)): ((1, .0446),
-    (8, .120)); with 2 rows a request: ((1, .0446),)."""
-    if not probe or (rows_per_request is not None and rows_per_request > 1.0 + 1e-9):
+    power-of-two bucket (as learn_batch_latency keeps them) holds no learned size is added, if
+    within the function's largest batch now (`max_rows`: a probe of a revision that batched
+    more says nothing of this one). The probe counts rows, the table requests: it is read as
+    requests only while requests are measured to carry one row each (`rows_per_request` at most
+    ONE_ROW_MAX, or None before it is measured); at 2 rows a request a batch of 8 rows is 4
+    requests and the probe is left out. What a window learns always stands over it. E.g.
+    ((1, .0446),) with ((1, .040), (8, .120)): ((1, .0446), (8, .120)); with 2 rows a request,
+    or a largest batch of 4: ((1, .0446),)."""
+    if not probe or (rows_per_request is not None and rows_per_request > ONE_ROW_MAX):
         return table
+    if max_rows is not None:
+        probe = tuple((r, s) for r, s in probe if r <= max_rows)
     taken = {round(math.log2(r)) for r, _ in table}
     added = [(r, s) for r, s in probe if r >= 1 and s > 0 and math.isfinite(s) and round(math.log2(r)) not in taken]
     return tuple(sorted(table + tuple(added))) if added else table

@@ -1270,8 +1270,10 @@ class Simulation:
             self._cold[fid] = float(self.cold[fid])
             self._measured[fid] = True
             if self._batching[fid]:  # and its probe is read (DataPlane._probe), on the slice it ran on
-                on = self._slice_of[fid]
-                self._tables[fid] = policy_table(self.memory.learn(self._names[fid], on, None,
+                srv = self.servers
+                mine = [s for s in self.slots[fid] if srv.alive[s]]
+                on = float(srv.slice[min(mine, key=lambda s: srv.ready_at[s])]) if mine else self._slice_of[fid]
+                self._tables[fid] = policy_table(self.memory.learn(self._names[fid], self._slice_of[fid], None,
                                                                    (on, self.profiles[fid].probe(on))),
                                                  int(self.max_batch[fid]))
 

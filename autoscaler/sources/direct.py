@@ -20,7 +20,6 @@ from autoscaler.metrics import (
     ReplicaStat,
     advance_window,
     batch_window,
-    batch_window_rows,
     duty_cycle,
     fraction_over,
     histogram_delta,
@@ -118,7 +117,8 @@ class ReplicaScrapes:
         )
         # in requests, the unit of rps and in-flight
         return Reading(snapshot, batch_window(w.batches, w.answered, w.busy), w.probe,
-                       batch_window_rows(w.batches, w.answered, w.rows))
+                       # a window counted once: not at a look between ticks, nor read again unmoved
+                       (w.rows, w.answered) if w.answered > 0 and w.moved and keep else None)
 
     def _inflight(self, name: str, keep: bool = True) -> float:
         """The function's requests in its replicas, time-averaged since its last tick's reading

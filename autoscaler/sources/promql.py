@@ -25,7 +25,6 @@ from autoscaler.loop import Fleet, Reading
 from autoscaler.metrics import (
     ReplicaStat,
     batch_window,
-    batch_window_rows,
     cumulative_histogram,
     fraction_over,
 )
@@ -273,11 +272,15 @@ def probe_of(results: dict[str, list]) -> tuple[None, tuple[tuple[float, float],
     return (None, tuple(sorted(points))) if points else None
 
 
-def rows_of(results: dict[str, list]) -> float | None:
-    """Rows per request over the window (metrics.batch_window_rows) from the rates of batches,
-    their rows and requests answered (pure). E.g. 8 batches/s of 38 rows/s, 38 requests/s: 1.0."""
-    return batch_window_rows(_scalar(results.get("batches", [])) or 0.0, _scalar(results.get("rps", [])) or 0.0,
-                             _scalar(results.get("rows", [])) or 0.0)
+def rows_of(results: dict[str, list], window_s: float = WINDOW_S) -> tuple[float, float] | None:
+    """(batch rows, requests answered) over the window from their rates (pure), as loop.Memory
+    sums them; None without a request. Each look's window overlaps the last's, so the sums count
+    request-windows, not requests; their ratio is still the rows per request. E.g. 38 rows/s, 38
+    requests/s over 30 s: (1140, 1140)."""
+    rps = _scalar(results.get("rps", [])) or 0.0
+    if rps <= 0:
+        return None
+    return (_scalar(results.get("rows", [])) or 0.0) * window_s, rps * window_s
 
 
 Query = Callable[[str], "list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]"]

@@ -117,9 +117,9 @@ def test_one_bad_request_does_not_fail_its_batch_mates():
     assert isinstance(results[1], InvalidInput)
     assert results[0].outputs[0].data.tolist() == [[2.0, 2.0]]
     assert results[2].outputs[0].data.tolist() == [[6.0, 6.0]]
-    # the warm-up's one row and the probe's batches of 1 and 8 at load; one batch of 3 failed,
-    # then each request ran alone
-    assert model.calls == [1, 1, 8, 3, 1, 1, 1]
+    # the warm-up's one row and the probe's batches of 1 and 8 (twice: timed at its second) at
+    # load; one batch of 3 failed, then each request ran alone
+    assert model.calls == [1, 1, 8, 8, 3, 1, 1, 1]
 
 
 def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
@@ -128,7 +128,7 @@ def test_outputs_that_do_not_split_by_rows_fall_back_to_one_by_one():
     assert [r.outputs[0].data.tolist() for r in results] == [[[2.0, 2.0]], [[4.0, 4.0]]]
     # the batch's scalar 'total' (1+1+2+2 = 6) could not be cut per request; alone each is right
     assert [float(r.outputs[1].data) for r in results] == [2.0, 4.0]
-    assert model.calls == [1, 1, 8, 2, 1, 1]  # the warm-up's one row, the probe's 1 and 8 first
+    assert model.calls == [1, 1, 8, 8, 2, 1, 1]  # the warm-up's one row, the probe's 1 and 8 (twice) first
 
 
 class WarmUpModel(EchoModel):
@@ -167,8 +167,8 @@ def test_a_model_runs_one_row_of_zeros_before_it_serves():
     ready, busy, result = asyncio.run(scenario())
     assert ready and busy == 0.0
     assert model.seen[0].shape == (1, 2) and model.seen[0].dtype == np.float32 and not model.seen[0].any()
-    # then the probe's batches of 1 and 8 rows (max_batch_size), then the request
-    assert result.outputs[0].data.tolist() == [[4.0, 4.0]] and model.calls == [1, 1, 8, 1]
+    # then the probe's batches of 1 and 8 rows (max_batch_size, timed at its second run), then the request
+    assert result.outputs[0].data.tolist() == [[4.0, 4.0]] and model.calls == [1, 1, 8, 8, 1]
 
 
 @pytest.mark.parametrize("model, calls", [

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from autoscaler.loop import Memory, policy_table
-from autoscaler.metrics import batch_window_rows, parse_replica_metrics, seed_batch_latency
+from autoscaler.metrics import parse_replica_metrics, rows_per_request, seed_batch_latency
 from autoscaler.policy import DEFAULT_CONFIG, full_batch, batch_budget_s
 from autoscaler.simulator import Profile
 from autoscaler.sources.promql import PROBE, probe_of, rows_of, stat_from_query
@@ -30,6 +30,8 @@ PROBE_1_8 = ((1.0, 0.040), (8.0, 0.120))  # emulated_code.yaml's profile: 40 ms 
 SEED_CASES = [
     # id, learned table, probe, rows per request, table the policy reads
     ("nothing-learned", (), PROBE_1_8, None, PROBE_1_8),
+    # a window that ended inside a batch reads a batch more: still one row a request
+    ("one-row-with-noise", ((1.0, 0.0446),), PROBE_1_8, 1.4, ((1.0, 0.0446), (8.0, 0.120))),
     # the conversation trace's case: every request ran alone, one size learned; the probe's 8 beside it
     ("one-size-learned", ((1.0, 0.0446),), PROBE_1_8, None, ((1.0, 0.0446), (8.0, 0.120))),
     # a window of 7.6 a batch lies in bucket 8: what ran stands over the probe
@@ -39,13 +41,16 @@ SEED_CASES = [
     # requests of 2 rows: a batch of 8 rows is 4 requests, the probe says nothing in requests
     ("multi-row-requests", ((1.0, 0.0446),), PROBE_1_8, 2.0, ((1.0, 0.0446),)),
     ("no-probe", ((1.0, 0.0446),), (), None, ((1.0, 0.0446),)),
+    # a new revision batches at most 4: the probe's 8 says nothing of it (max_rows below)
+    ("over-the-largest-batch", ((1.0, 0.0446),), PROBE_1_8, None, ((1.0, 0.0446),)),
     ("bad-points-dropped", (), ((1.0, float("nan")), (8.0, 0.0), (0.5, 0.01), (8.0, 0.12)), None, ((8.0, 0.12),)),
 ]
 
 
 @pytest.mark.parametrize("table, probe, rows, expected", [c[1:] for c in SEED_CASES], ids=[c[0] for c in SEED_CASES])
-def test_seed_batch_latency(table, probe, rows, expected):
-    assert seed_batch_latency(table, probe, rows) == expected
+def test_seed_batch_latency(request, table, probe, rows, expected):
+    largest = 4 if request.node.callspec.id == "over-the-largest-batch" else 8
+    assert seed_batch_latency(table, probe, rows, largest) == expected
 
 
 def test_a_lone_requests_table_with_the_probe_reads_as_batching():
@@ -64,12 +69,15 @@ def test_memory_keeps_the_probe_apart_and_carries_it_to_a_new_slice():
     """The probe read on 1/4 seeds what decide() reads; the learned table stays what windows
     taught; on 1/2 the probe is carried at twice the speed, as the table is (loop.on_slice)."""
     memory = Memory()
-    seen = memory.learn("f", 0.25, (1.0, 0.0446), (None, PROBE_1_8), 1.0)
+    seen = memory.learn("f", 0.25, (1.0, 0.0446), (None, PROBE_1_8), (5.0, 4.0))  # a window ending in a batch
     assert seen == ((1.0, 0.0446), (8.0, 0.120))
     assert memory.batch["f"] == (0.25, ((1.0, 0.0446),))
     moved = memory.learn("f", 0.5, None)  # no reading of the probe since: the kept one, carried
     assert _flat(moved) == pytest.approx([1.0, 0.0223, 8.0, 0.060])
-    assert _flat(memory.learn("f", 0.5, None, rows_per_request=2.0)) == pytest.approx([1.0, 0.0223])
+    # 2-row requests, counted over more than ROWS_MIN_ANSWERED requests: (5 + 200) / 104 = 1.97
+    assert _flat(memory.learn("f", 0.5, None, rows=(200.0, 100.0))) == pytest.approx([1.0, 0.0223])
+    assert memory.rows["f"] == (205.0, 104.0)
+    assert _flat(memory.learn("f", 0.5, None, max_rows=1)) == pytest.approx([1.0, 0.0223])
     memory.keep_only(set())
     assert not memory.probe and not memory.rows
 
@@ -98,17 +106,21 @@ def test_the_probe_is_read_from_a_replica_page_and_from_prometheus():
     assert probe_of({}) is None
 
 
-@pytest.mark.parametrize("batches, answered, rows, expected", [
-    (40.0, 190.0, 190.0, 1.0),  # a row a request
-    (10.0, 10.0, 80.0, 8.0),  # 8-row requests run alone
-    (0.0, 0.0, 0.0, None),
-    (3.0, 0.0, 3.0, None),
+@pytest.mark.parametrize("rows, answered, expected", [
+    (410.0, 400.0, 1.025),  # a row a request, a batch still running at the count
+    (800.0, 100.0, 8.0),  # 8-row requests
+    (20.0, 10.0, None),  # too few requests to say
+    (0.0, 0.0, None),
 ])
-def test_rows_per_request(batches, answered, rows, expected):
-    assert batch_window_rows(batches, answered, rows) == expected
-    vector = {k: [{"metric": {"function": "f"}, "value": [0, repr(v)]}] for k, v in
-              (("batches", batches), ("rps", answered), ("rows", rows))}
-    assert rows_of(vector) == expected
+def test_rows_per_request(rows, answered, expected):
+    assert rows_per_request(rows, answered) == expected
+
+
+def test_rows_and_requests_over_a_prometheus_window():
+    """38 rows and 38 requests a second over the 30 s window; none without a request."""
+    vector = {k: [{"metric": {"function": "f"}, "value": [0, repr(v)]}] for k, v in (("rps", 38.0), ("rows", 38.0))}
+    assert rows_of(vector) == (1140.0, 1140.0)
+    assert rows_of({"rps": [{"metric": {"function": "f"}, "value": [0, "0.0"]}]}) is None
 
 
 def test_the_simulator_probes_a_batching_profile_and_adds_its_time_to_the_cold_start():
@@ -160,25 +172,28 @@ def _page(plane: DataPlane) -> str:
 
 
 def test_a_replica_probes_its_batches_at_load_and_exports_them():
-    """Warm-up (one row), then the probe: 1 row (15 ms slept) and 8 (50 ms), timed by the
-    replica's clock and exported before it is ready; its busy seconds stay 0 (no window holds
-    the probe)."""
+    """Warm-up (one row), then the probe: 1 row (15 ms slept) and 8 (50 ms) twice, the second
+    timed (a new shape's first call pays its own setup), by the replica's clock, exported before
+    it is ready; its busy seconds stay 0 (no window holds the probe). An emulated model's 8 runs
+    once: its time is slept."""
     model = Sleeper()
     plane = _plane(model, 8)
     asyncio.run(plane.load())
-    assert plane.ready and model.rows == [1, 1, 8] and plane.executor.busy_seconds() == 0.0
+    assert plane.ready and model.rows == [1, 1, 8, 8] and plane.executor.busy_seconds() == 0.0
     probe = dict(parse_replica_metrics(_page(plane), "r", 0.0).probe)
     assert set(probe) == {1.0, 8.0}
     assert 0.015 <= probe[1.0] < 0.015 + 0.05 and 0.050 <= probe[8.0] < 0.050 + 0.05
     asyncio.run(plane.stop())
 
 
-@pytest.mark.parametrize("model, max_batch_size, rows, ready, probed, told", [
-    pytest.param(Sleeper(), 1, [1], True, False, [], id="no batching: no probe"),
-    pytest.param(Sleeper(largest=4), 8, [1, 1, 8], True, False, [], id="refuses its largest: serves unprobed"),
-    pytest.param(Sleeper(lose_at=8), 8, [1, 1, 8], False, False, ["CUDA error"], id="loses the device: never serves"),
+@pytest.mark.parametrize("make, max_batch_size, rows, ready, probed, told", [
+    pytest.param(Sleeper, 1, [1], True, False, [], id="no batching: no probe"),
+    pytest.param(lambda: Sleeper(largest=4), 8, [1, 1, 8], True, False, [], id="refuses its largest: serves unprobed"),
+    pytest.param(lambda: Sleeper(lose_at=8), 8, [1, 1, 8], False, False, ["CUDA error"],
+                 id="loses the device: never serves"),
 ])
-def test_a_probe_that_cannot_run(model, max_batch_size, rows, ready, probed, told, caplog):
+def test_a_probe_that_cannot_run(make, max_batch_size, rows, ready, probed, told, caplog):
+    model = make()
     plane = _plane(model, max_batch_size)
     lost: list[str] = []
     plane.on_lost = lost.append
@@ -205,7 +220,7 @@ def test_user_code_is_never_probed():
 
 def test_shoal_ups_source_reads_a_replicas_probe_with_the_slice_it_runs_on():
     """Two scrapes of a replica on 1/4 whose page holds the probe: the reading says it, on 1/4;
-    the window's rows per request (8 batches of 40 rows, 40 requests) beside it."""
+    the window's rows and requests (8 batches of 40 rows, 40 requests) beside it."""
     from fractions import Fraction
     from types import SimpleNamespace
 
@@ -220,8 +235,6 @@ def test_shoal_ups_source_reads_a_replicas_probe_with_the_slice_it_runs_on():
              ReplicaStat("r", 11.0, completed=40.0, busy_s=0.5, batches=8.0, batch_rows=40.0, probe=PROBE_1_8)]
 
     class Scraper:
-        probes = True
-
         async def scrape(self, replica, host, port, at):
             return stats.pop(0)
 
@@ -245,6 +258,16 @@ def test_shoal_ups_source_reads_a_replicas_probe_with_the_slice_it_runs_on():
     scaler.replicas["r"] = Replica("r", "f", 1, placement=SimpleNamespace(fraction=Fraction(1, 4)), state="ready",
                                    handle=SimpleNamespace(host="127.0.0.1", port=1))
     first = asyncio.run(source.reading("f", 10.0))
-    assert first.probe == (0.25, PROBE_1_8) and first.rows_per_request is None  # no window yet
+    assert first.probe == (0.25, PROBE_1_8) and first.rows is None  # no window yet
     second = asyncio.run(source.reading("f", 11.0))
-    assert second.probe == (0.25, PROBE_1_8) and second.rows_per_request == 1.0
+    assert second.probe == (0.25, PROBE_1_8) and second.rows == (40.0, 40.0)
+
+
+def test_an_emulated_models_largest_batch_runs_once():
+    model = Sleeper()
+    model.emulated = True
+    plane = _plane(model, 8)
+    asyncio.run(plane.load())
+    assert plane.ready and model.rows == [1, 8]  # no warm-up (slept), the probe's 1 and 8 once each
+    assert set(dict(parse_replica_metrics(_page(plane), "r", 0.0).probe)) == {1.0, 8.0}
+    asyncio.run(plane.stop())
