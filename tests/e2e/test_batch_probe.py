@@ -1,7 +1,7 @@
 """The batch probe, live: `shoal up` on an emulated device, functions/examples/emulated_code.yaml
 (40 ms at 1 row, 120 ms at 8: slept) deployed with batches of 8. Its replica times a batch of 1
 and one of 8 rows of zeros at load and exports them; one request at a time never forms a batch,
-yet the controller reads two sizes (`shoal status`'s batch_latency_s, the table the policy is
+yet the controller reads two sizes (GET /api/v1/status's batch_latency_s, the table the policy is
 given), so full_batch reads a model that batches."""
 
 from __future__ import annotations
