@@ -488,8 +488,8 @@ class Simulation:
         self.specs = [_as_class(policy.spec_type, p.spec()) for p in profiles]  # of the class decide() takes
         # how long a start takes: the policy's model load, then the probe's batches (a policy that
         # starts none, cold start 0, has none)
-        self.cold = np.array([c + p.probe_s if c > 0 else 0.0 for p, c in ((p, policy.cold_start_s(p))
-                                                                            for p in profiles)])
+        load = [policy.cold_start_s(p) for p in profiles]
+        self.cold = np.array([c + p.probe_s if c > 0 else 0.0 for p, c in zip(profiles, load)])
         # the cold start the policy reads, per function: as shoal up measures it (create to ready
         # of the newest replica, kept once measured); until then the policy's own default, which
         # decide() also reads for the None the live loop passes (policy.lead_s)

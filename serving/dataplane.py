@@ -78,10 +78,7 @@ class DataPlane:
         except asyncio.TimeoutError:
             raise RuntimeError(f"the model's warm-up ran past the request timeout ({self.request_timeout_s:g} s)") from None
         except Exception as exc:
-            if (why := device_lost(exc)) is not None:
-                self.lost = why
-                if self.on_lost is not None:
-                    self.on_lost(why)
+            if self._check_lost(exc):
                 return
             log.warning("model %s loaded, not warmed up: it raised %s: %s", self.model.name, type(exc).__name__,
                         str(exc).strip()[:300])
@@ -129,10 +126,7 @@ class DataPlane:
                 raise RuntimeError(f"the model's batch of {rows} rows of zeros ran past the request timeout "
                                    f"({self.request_timeout_s:g} s)") from None
             except Exception as exc:
-                if (why := device_lost(exc)) is not None:
-                    self.lost = why
-                    if self.on_lost is not None:
-                        self.on_lost(why)
+                if self._check_lost(exc):
                     return False
                 log.warning("model %s: batches not probed: %d rows of zeros raised %s: %s", self.model.name, rows,
                             type(exc).__name__, str(exc).strip()[:300])
@@ -245,15 +239,19 @@ class DataPlane:
         else:
             _resolve(pending.future, result)
 
-    def _check_lost(self, exc: Exception) -> None:
+    def _check_lost(self, exc: Exception) -> bool:
+        """Whether `exc` says the device is lost (executor.device_lost); the first time, the
+        replica stops saying ready and on_lost is told (the replica exits to be replaced)."""
         lost = device_lost(exc)
-        if lost is None or self.lost is not None:
-            return
-        self.lost = lost
-        self.metrics.ready.set(0)
-        log.error("model %s lost its device: %s", self.model.name, lost)
-        if self.on_lost is not None:
-            self.on_lost(lost)
+        if lost is None:
+            return False
+        if self.lost is None:
+            self.lost = lost
+            self.metrics.ready.set(0)
+            log.error("model %s lost its device: %s", self.model.name, lost)
+            if self.on_lost is not None:
+                self.on_lost(lost)
+        return True
 
     # ------------------------------------------------------------------ V1
 

@@ -28,28 +28,28 @@ from serving.protocol.types import TensorSpec
 PROBE_1_8 = ((1.0, 0.040), (8.0, 0.120))  # emulated_code.yaml's profile: 40 ms at 1 row, 120 ms at 8
 
 SEED_CASES = [
-    # id, learned table, probe, rows per request, table the policy reads
-    ("nothing-learned", (), PROBE_1_8, None, PROBE_1_8),
+    # id, learned table, probe, rows per request, largest batch, table the policy reads
+    ("nothing-learned", (), PROBE_1_8, None, 8, PROBE_1_8),
     # a window that ended inside a batch reads a batch more: still one row a request
-    ("one-row-with-noise", ((1.0, 0.0446),), PROBE_1_8, 1.4, ((1.0, 0.0446), (8.0, 0.120))),
+    ("one-row-with-noise", ((1.0, 0.0446),), PROBE_1_8, 1.4, 8, ((1.0, 0.0446), (8.0, 0.120))),
     # the conversation trace's case: every request ran alone, one size learned; the probe's 8 beside it
-    ("one-size-learned", ((1.0, 0.0446),), PROBE_1_8, None, ((1.0, 0.0446), (8.0, 0.120))),
+    ("one-size-learned", ((1.0, 0.0446),), PROBE_1_8, None, 8, ((1.0, 0.0446), (8.0, 0.120))),
     # a window of 7.6 a batch lies in bucket 8: what ran stands over the probe
-    ("learned-stands", ((1.0, 0.0446), (7.6, 0.118)), PROBE_1_8, 1.0, ((1.0, 0.0446), (7.6, 0.118))),
+    ("learned-stands", ((1.0, 0.0446), (7.6, 0.118)), PROBE_1_8, 1.0, 8, ((1.0, 0.0446), (7.6, 0.118))),
     # 1.3 a batch is bucket 1's (log2 0.38 rounds to 0): the probe's 1 is not added beside it
-    ("near-one-is-one", ((1.3, 0.05),), PROBE_1_8, None, ((1.3, 0.05), (8.0, 0.120))),
+    ("near-one-is-one", ((1.3, 0.05),), PROBE_1_8, None, 8, ((1.3, 0.05), (8.0, 0.120))),
     # requests of 2 rows: a batch of 8 rows is 4 requests, the probe says nothing in requests
-    ("multi-row-requests", ((1.0, 0.0446),), PROBE_1_8, 2.0, ((1.0, 0.0446),)),
-    ("no-probe", ((1.0, 0.0446),), (), None, ((1.0, 0.0446),)),
-    # a new revision batches at most 4: the probe's 8 says nothing of it (max_rows below)
-    ("over-the-largest-batch", ((1.0, 0.0446),), PROBE_1_8, None, ((1.0, 0.0446),)),
-    ("bad-points-dropped", (), ((1.0, float("nan")), (8.0, 0.0), (0.5, 0.01), (8.0, 0.12)), None, ((8.0, 0.12),)),
+    ("multi-row-requests", ((1.0, 0.0446),), PROBE_1_8, 2.0, 8, ((1.0, 0.0446),)),
+    ("no-probe", ((1.0, 0.0446),), (), None, 8, ((1.0, 0.0446),)),
+    # a new revision batches at most 4: the probe's 8 says nothing of it
+    ("over-the-largest-batch", ((1.0, 0.0446),), PROBE_1_8, None, 4, ((1.0, 0.0446),)),
+    ("bad-points-dropped", (), ((1.0, float("nan")), (8.0, 0.0), (0.5, 0.01), (8.0, 0.12)), None, 8, ((8.0, 0.12),)),
 ]
 
 
-@pytest.mark.parametrize("table, probe, rows, expected", [c[1:] for c in SEED_CASES], ids=[c[0] for c in SEED_CASES])
-def test_seed_batch_latency(request, table, probe, rows, expected):
-    largest = 4 if request.node.callspec.id == "over-the-largest-batch" else 8
+@pytest.mark.parametrize("table, probe, rows, largest, expected", [c[1:] for c in SEED_CASES],
+                         ids=[c[0] for c in SEED_CASES])
+def test_seed_batch_latency(table, probe, rows, largest, expected):
     assert seed_batch_latency(table, probe, rows, largest) == expected
 
 
