@@ -254,6 +254,7 @@ class Loop:
         self.snapshots: dict[str, MetricsSnapshot] = {}
         self.decisions: dict[str, ScaleDecision] = {}
         self.looked_at: dict[str, float] = {}  # when each function's last decision was made
+        self.ticked_at: float | None = None  # when the last full tick (not a poke) began, on its clock
         self._wake = asyncio.Event()
         self._poked: set[str] = set()
         self._stopping = False
@@ -266,6 +267,8 @@ class Loop:
         the KPA's second once per request (`Buckets.record`) and weigh Shoal's next sample by the
         milliseconds since the last poke. E.g. 60 requests held in the 2 s a replica starts: one
         poked look, at the first, not 60 (and the two ticks' looks, as ever)."""
+        if only is None:
+            self.ticked_at = now
         functions = self.functions.functions()
         broken = frozenset(self.functions.broken)
         fleets = self.scaler.observe(functions)

@@ -264,6 +264,10 @@ class ControlPlane:
     def status(self) -> dict[str, Any]:
         live = self.scaler.status(self.loop.snapshots, self.loop.decisions)
         use = self.scaler.slice_use()
+        # the controller's last full tick on the wall clock (its own clock is monotonic): when the
+        # live loop looks, for a replay's tick phase (loadtests.bench.simlive.live_tick_timing)
+        ticked = self.loop.ticked_at
+        ticked_at = None if ticked is None else round(time.time() - (self.scaler.clock() - ticked), 4)
         functions = {}
         for name, (spec, revision) in self.source.functions().items():
             slice_s, held = use.get(name, (0.0, 0.0))
@@ -271,7 +275,7 @@ class ControlPlane:
                                "ready": 0, "starting": 0, "replicas": [], **live.get(name, {}),
                                **self.loop.explain(name),
                                "cold_starts": self.loop.exported.cold_starts.get(name, 0),
-                               "slice_seconds": slice_s, "slices_held": held}
+                               "slice_seconds": slice_s, "slices_held": held, "ticked_at": ticked_at}
         return {"functions": functions, "devices": self.inventory_view()["devices"], "version": __version__,
                 "policy": self.loop.policy.name, "gpu_sharing": {"mode": self.sharing.mode, "why": self.sharing.why}}
 

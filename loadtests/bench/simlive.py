@@ -459,11 +459,32 @@ def live_path_s(folder: Path, overhead_s: float = SERVING_OVERHEAD_S, profile: P
 
 
 def live_tick_timing(folder: Path) -> tuple[float, float] | None:
-    """tick_timing of a live report folder (its events.json and the load's start, requests.t0)."""
+    """tick_timing of a live report folder (its events.json and the load's start, requests.t0);
+    where its scale events give none (a run that scaled only from zero: a count above zero never
+    changed), the controller's full ticks the status samples saw (samples.jsonl, once a second:
+    `ticked_at`, since 2026-12-02), each read as a tick's event. Before that a run with no such
+    event was replayed at phase 0.0 (docs/simlive.md, "Four windows never run live")."""
     events, start = folder / "events.json", _load_start(folder)
     if not events.exists() or start is None:
         return None
-    return tick_timing(json.loads(events.read_text()), start)
+    timing = tick_timing(json.loads(events.read_text()), start)
+    if timing is None:
+        timing = tick_timing([{"kind": "scale", "at": at, "data": {"from": 1}} for at in sampled_ticks(folder)], start)
+    return timing
+
+
+def sampled_ticks(folder: Path, function: str = FUNCTION) -> list[float]:
+    """The controller's full ticks (wall clock) that a live run's status samples saw, each once, in
+    order: a sample's `ticked_at` for `function` (absent in samples before 2026-12-02)."""
+    path = folder / "samples.jsonl"
+    if not path.exists():
+        return []
+    seen = set()
+    for line in path.read_text().splitlines():
+        at = (json.loads(line).get("functions") or {}).get(function, {}).get("ticked_at") if line.strip() else None
+        if isinstance(at, (int, float)):
+            seen.add(float(at))
+    return sorted(seen)
 
 
 def live_data_path(path_s: float = REQUEST_PATH_S):

@@ -504,6 +504,8 @@ def test_a_tick_keeps_what_it_did_not_look_at(only, targets, kept):
     loop = Loop(_Two(), metrics, scaler, lambda *a, **k: None, CollectorRegistry())
     result = asyncio.run(loop.tick(T0, only=only))
     assert set(result.unread) == targets and scaler.kept == [frozenset(kept)]
+    # the status API's `ticked_at` reads when the last full tick began; a poke is no tick
+    assert loop.ticked_at == (T0 if only is None else None)
     # a poked look reads between ticks: it ends no window of the metrics (MetricsSource.read)
     assert metrics.between == [only is not None]
 

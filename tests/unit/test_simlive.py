@@ -141,6 +141,29 @@ def test_tick_timing(events, t0, expected):
         assert abs((phase - want_phase + 0.5) % 1.0 - 0.5) < 1e-6 and interval == pytest.approx(want_interval, abs=1e-9)
 
 
+def test_a_run_that_scaled_only_from_zero_is_timed_by_its_sampled_ticks(tmp_path):
+    """A live run whose only scale event is the raise from zero (tick_timing: None) is timed by
+    the full ticks its status samples saw: 150 samples, each once a second, each seeing the last
+    tick (ticks 1.0005 s apart from t0 + 0.37 s, some seen twice, one sample before any tick)."""
+    import json
+
+    from loadtests.bench.simlive import live_tick_timing, sampled_ticks
+
+    t0 = 1_796_000_000.0
+    (tmp_path / "requests.t0").write_text(f"{t0}\n")
+    (tmp_path / "events.json").write_text(json.dumps([_scale(t0 + 0.012, 0, 1)]))
+    ticks = [t0 + 0.37 + k * 1.0005 for k in range(150)]
+    lines = [{"t": -0.5, "functions": {"code": {"ticked_at": None}}}]
+    lines += [{"t": at - t0 + 0.4, "functions": {"code": {"ticked_at": round(at, 4)}}} for at in ticks for _ in (0, 1)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert sampled_ticks(tmp_path) == [round(at, 4) for at in ticks]
+    phase, interval = live_tick_timing(tmp_path)
+    assert phase == pytest.approx(0.37 / 1.0005, abs=1e-4) and interval == pytest.approx(1.0005, abs=1e-6)
+    # without the samples (a run before 2026-12-02), as before: no timing, the replay at phase 0
+    (tmp_path / "samples.jsonl").unlink()
+    assert sampled_ticks(tmp_path) == [] and live_tick_timing(tmp_path) is None
+
+
 def test_the_simulator_ticks_as_the_live_loop_did(tmp_path, monkeypatch):
     """sim_run with a 1.02 s tick looks at 1.02, 2.04, ... s, as a live loop whose ticks came
     20 ms late each; the arrivals move by (1 - phase) of that tick."""
