@@ -383,8 +383,15 @@ def tick_timing(events: list[dict[str, Any]], t0: float, tick_s: float = TICK_S,
     events' (seconds since t0 mod tick) / tick. None without an event. E.g. scale events at
     t0 + 2.83, 64.861 and 142.9 s: ticks 0, 62 and 140, 1.0005 s apart, the first at 2.83 s:
     phase (2.83 - 2 x 1.0005) / 1.0005 = 0.8286."""
-    times = sorted(e["at"] - t0 for e in events
-                   if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0)
+    return timing_of_ticks(sorted(e["at"] - t0 for e in events
+                                  if e.get("kind") == "scale" and (e.get("data") or {}).get("from", 0) > 0),
+                           tick_s, min_ticks, off_s, most_off)
+
+
+def timing_of_ticks(times: list[float], tick_s: float = TICK_S, min_ticks: int = 20, off_s: float = 0.05,
+                    most_off: float = 0.005) -> tuple[float, float] | None:
+    """tick_timing's (phase, interval) of looks at `times` (seconds since the load's start, in
+    order), each on a tick or a look between ticks; None without one."""
     if not times:
         return None
     fitted = _tick_line(times, tick_s, off_s)
@@ -462,14 +469,14 @@ def live_tick_timing(folder: Path) -> tuple[float, float] | None:
     """tick_timing of a live report folder (its events.json and the load's start, requests.t0);
     where its scale events give none (a run that scaled only from zero: a count above zero never
     changed), the controller's full ticks the status samples saw (samples.jsonl, once a second:
-    `ticked_at`, since 2026-12-02), each read as a tick's event. Before that a run with no such
+    `ticked_at`, since 2026-12-02), each a look on a tick. Before that a run with no such
     event was replayed at phase 0.0 (docs/simlive.md, "Four windows never run live")."""
     events, start = folder / "events.json", _load_start(folder)
     if not events.exists() or start is None:
         return None
     timing = tick_timing(json.loads(events.read_text()), start)
     if timing is None:
-        timing = tick_timing([{"kind": "scale", "at": at, "data": {"from": 1}} for at in sampled_ticks(folder)], start)
+        timing = timing_of_ticks([at - start for at in sampled_ticks(folder)])
     return timing
 
 
