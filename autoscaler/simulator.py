@@ -472,13 +472,15 @@ class _Servers:
 class Simulation:
     def __init__(self, trace: Trace, profiles: list[Profile], policy: SimPolicy, config: SimConfig = SimConfig(),
                  initial: dict[int, int] | None = None, deployed_at: float = 0.0):
-        """`deployed_at`: when the functions at zero were deployed, on the trace's clock: their first
-        look is the first tick at or after it, or a request's poke before that (_deploy_looks);
-        at or before 0, a look at t = 0; after the trace's last tick, none but a poke's."""
+        """`deployed_at`: when the functions at zero were deployed, on the trace's clock (t = 0 by
+        default; before the trace's start too): their first look is then, as a deploy pokes the
+        live loop (_deploy_looks); none of their requests may come before it."""
         if len(profiles) != len(trace.functions):
             raise ValueError(f"{len(profiles)} profiles for {len(trace.functions)} functions")
         if not math.isfinite(deployed_at):
             raise ValueError(f"deployed_at ({deployed_at}) must be a finite time")
+        if trace.times.size and trace.times[0] < deployed_at:
+            raise ValueError(f"a request at {trace.times[0]:g} s comes before its function's deploy ({deployed_at:g} s)")
         self.trace, self.profiles, self.policy, self.config = trace, profiles, policy, config
         self.deployed_at = deployed_at
         # functions a look was acted on for (every look at one at zero is), and those warm-started:
@@ -623,16 +625,13 @@ class Simulation:
             raise ValueError(f"warmup_s ({self.config.warmup_s}) must be a whole number of ticks ({dt} s)")
         warm_ticks = round(self.config.warmup_s / dt)
         start = 0
-        deploy_pending = self.policy.reactive  # the deploy looks: at t=0, or at the first tick after a later deploy
-        if deploy_pending and self.deployed_at <= 0:
-            self._deploy_looks(0.0)
-            deploy_pending = False
+        deploy_pending = self.policy.reactive  # the deploy looks: at the deploy, before its tick's arrivals
         for k in range(ticks):
             t0, t1 = k * dt, (k + 1) * dt
             if k == warm_ticks and k > 0:
                 self._reset_counts()
-            if deploy_pending and t0 >= self.deployed_at - 1e-9:
-                self._deploy_looks(t0)
+            if deploy_pending and self.deployed_at < t1:
+                self._deploy_looks(self.deployed_at)
                 deploy_pending = False
             for fid, desired in self.policy.scheduled(k):
                 self._apply(fid, ScaleDecision(desired, "SCHEDULED"), t0)
@@ -1251,14 +1250,13 @@ class Simulation:
     # ------------------------------------------------------------------ decisions
 
     def _deploy_looks(self, now: float) -> None:
-        """The first look at every function at zero, at the first tick at or after its deploy
-        (`deployed_at`; t = 0 by default), as the live loop looks at every registered function on
-        its ticks: nothing measured yet. One a request's poke looked at before that (deployed
-        between two ticks, its first request before the next) is not looked at again: its first
-        look was the poke's, and where its policy's windows begin (the error budget's) goes with
-        it (docs/simlive.md, "The deploy's tick"). One warm-started was deployed before the trace
-        (as if it had been running): its first look is the first tick's, with that tick's
-        measurements (a look at t=0 would read a window of no traffic that never was)."""
+        """The first look at every function at zero, at its deploy (`deployed_at`; t = 0 by
+        default): a deploy pokes the live loop (deploy/local/server.py, put_function), which looks
+        at once, before the function's first request, and the policy's windows (the error
+        budget's) and the needs a rise is read from begin there with a need of 0 (docs/simlive.md,
+        "The deploy's own look"). One warm-started was deployed before the trace (as if it had
+        been running): its first look is the first tick's, with that tick's measurements (a look
+        at t=0 would read a window of no traffic that never was)."""
         for fid in np.flatnonzero(self.n_srv == 0).tolist():
             if fid not in self._settled_once:
                 self._decide(fid, now, activator_queue=0)

@@ -348,11 +348,9 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
     on its way (LiveDataPath). `initial` > 0: the function starts with that many replicas ready
     (live, the load begins once its initial replicas are ready), else at zero. `deployed_s`: how
     long before the load's start the function was deployed (deployed_before_s): its first look is
-    the first tick at or after that, as live (Simulation's `deployed_at`; on the live ticks' clock a
-    deploy between the last tick and the load's first request is first looked at by that request's
-    poke or the next tick, and the error budget's windows begin there); None: a look at t = 0. A
-    deploy more than `late` + a tick before the load is looked at on the simulator's first tick,
-    t = 0, a whole tick or more after live's (the runs here deploy 0.5-0.7 s before)."""
+    then, as the deploy pokes the live loop (Simulation's `deployed_at`, `late` - deployed_s on the
+    simulator's clock: before its t = 0 where the deploy came more than `late` before the load;
+    the runs here deploy 0.6-1.3 s before); None: a look at t = 0."""
     from autoscaler.simulator import ShoalPolicy, SimConfig, kpa_policy, ray_policy
     from autoscaler.traces import Trace
 

@@ -476,11 +476,10 @@ def test_another_profile_and_trace_are_in_the_commands(tmp_path):
 def test_the_deploy_before_the_load_sets_the_simulators_first_look(tmp_path, monkeypatch):
     """A live run records its deploy (simlive.json's deployed_at, on requests.t0's clock);
     deployed_before_s is the load's start less it, and sim_run's first look at the function is
-    the first tick after it on the live ticks' clock. Phase 0.3: live ticks at 0.3 - 1 = -0.7 and
-    0.3 s of the load, the simulator's at 0 and 1 s with the arrivals 0.7 s later. Deployed 1.5 s
-    before the load (-1.5 < -0.7): a first look at the tick at -0.7, the simulator's 0. Deployed
-    0.5 s before (-0.5 > -0.7): no tick between it and the request at 0.0, whose poke is the first
-    look, at the simulator's 0.7."""
+    the deploy itself, as the deploy pokes the live loop. Phase 0.3: the simulator's ticks at 0
+    and 1 s with the arrivals 0.7 s later, so the load's start is its 0.7. Deployed 1.5 s before
+    the load: a first look at 0.7 - 1.5 = -0.8, before the simulator's first tick; 0.5 s before:
+    at 0.2, before the request at 0.7 pokes; no deploy recorded: at 0."""
     from loadtests.bench import simlive
 
     path = tmp_path / "window.csv"
@@ -498,7 +497,7 @@ def test_the_deploy_before_the_load_sets_the_simulators_first_look(tmp_path, mon
             return super()._settle(fid, snapshot, decision, now)
 
     monkeypatch.setattr(simlive, "live_data_path", lambda *_: Watch)
-    for before, first in ((1.5, 0.0), (0.5, 0.7), (None, 0.0)):
+    for before, first in ((1.5, -0.8), (0.5, 0.2), (None, 0.0)):
         firsts.clear()
         simlive.sim_run("shoal", window, 2.0, phase=0.3, deployed_s=before)
         assert firsts[0] == pytest.approx(first), before

@@ -1536,16 +1536,16 @@ def test_a_quiet_device_is_time_shared_before_a_kept_replica_is_taken(share_busy
 @pytest.mark.parametrize("deployed_at, first_looks", [
     # deployed at 0 (the default): looked at then, and f0 again at its request (held, 0.4 s)
     pytest.param(0.0, {"f0": 0.0, "f1": 0.0}, id="at 0"),
-    # deployed at 0.3, between the ticks at 0 and 1: f0's request at 0.4 pokes first (the first
-    # look at it), f1 waits for the tick at 1.0
-    pytest.param(0.3, {"f0": 0.4, "f1": 1.0}, id="between two ticks: a poke first"),
-    # deployed before the trace starts: looked at on its first tick, at 0, as by default
-    pytest.param(-1.0, {"f0": 0.0, "f1": 0.0}, id="before the trace: at 0"),
+    # deployed at 0.3, between the ticks at 0 and 1: looked at then, as a deploy pokes the live
+    # loop, and f0 again at its request's poke (0.4)
+    pytest.param(0.3, {"f0": 0.3, "f1": 0.3}, id="between two ticks"),
+    # deployed before the trace starts: looked at then, before the first tick
+    pytest.param(-1.0, {"f0": -1.0, "f1": -1.0}, id="before the trace"),
 ])
-def test_the_first_look_is_the_first_tick_after_the_deploy(deployed_at, first_looks):
-    """live looks at a function on its ticks from its deploy, and at a request's poke: a deploy
-    between the last tick and the first request is first looked at by that request's poke
-    (docs/simlive.md, "The deploy's tick"), and no tick looks at it again as a deploy."""
+def test_the_first_look_is_at_the_deploy(deployed_at, first_looks):
+    """live looks at a function when it is deployed (the deploy pokes its loop), then on its
+    ticks and at a request's poke (docs/simlive.md, "The deploy's own look"): one deploy look
+    each, wherever it falls against the ticks."""
     policy = Scripted(lambda now: ScaleDecision(0, "S"))
     Simulation(trace_of([0.4], duration=3.0, functions=2), [P10, P10], policy, SimConfig(gpus=1),
                deployed_at=deployed_at).run()
@@ -1553,15 +1553,18 @@ def test_the_first_look_is_the_first_tick_after_the_deploy(deployed_at, first_lo
     for now, snapshot in policy.seen:
         firsts.setdefault(snapshot.function, now)
     assert firsts == first_looks
-    assert [now for now, s in policy.seen if s.function == "f1"] == [first_looks["f1"]]  # one deploy look
+    assert [now for now, s in policy.seen if s.function == "f1"] == [deployed_at]  # at zero, none held: once
     f0 = [now for now, s in policy.seen if s.function == "f0"]
-    assert len(f0) == len(set(f0))  # a function its poke looked at first gets no deploy look after it
+    assert f0[:2] == [deployed_at, 0.4] and len(f0) == len(set(f0))  # then its request's poke
 
 
-def test_a_deploy_time_must_be_finite():
+def test_a_deploy_time_must_be_finite_and_before_the_requests():
     with pytest.raises(ValueError, match="deployed_at"):
         Simulation(trace_of([0.4]), [P10], Scripted(lambda now: ScaleDecision(0, "S")), SimConfig(gpus=1),
                    deployed_at=math.nan)
+    with pytest.raises(ValueError, match="before its function's deploy"):
+        Simulation(trace_of([0.4]), [P10], Scripted(lambda now: ScaleDecision(0, "S")), SimConfig(gpus=1),
+                   deployed_at=0.5)
 
 
 def test_an_arrival_on_the_last_ticks_bound_is_run(tmp_path):
