@@ -258,6 +258,7 @@ class Loop:
         self._wake = asyncio.Event()
         self._poked: set[str] = set()
         self._stopping = False
+        self._clock: Callable[[], float] | None = None  # run()'s: how long after its look an event came
 
     async def tick(self, now: float, only: set[str] | None = None) -> TickResult:
         """One look at every function (or only those in `only`: a poke), decided and applied.
@@ -375,9 +376,13 @@ class Loop:
                 # the simulator counts them
                 self.exported.from_zero.labels(name).inc()
                 self.exported.cold_starts[name] = self.exported.cold_starts.get(name, 0) + 1
+            data = {"from": before, "to": decision.desired, "reason": decision.reason, "policy": self.policy.name}
+            if self._clock is not None and name in self.looked_at:
+                # the look's instant, as the seconds before this event (a replay's poke lag:
+                # loadtests.bench.simlive.live_poke_lag_s)
+                data["after_look_s"] = round(max(0.0, self._clock() - self.looked_at[name]), 6)
             self.events("scale", f"{before} -> {decision.desired} replicas: {decision.reason} {decision.detail}".strip(),
-                        function=name, data={"from": before, "to": decision.desired, "reason": decision.reason,
-                                             "policy": self.policy.name})
+                        function=name, data=data)
 
     def _export(self, names: set[str], fleets: dict[str, Fleet]) -> None:
         for name in names:
@@ -398,6 +403,7 @@ class Loop:
 
     async def run(self, tick_s: float, clock: Callable[[], float]) -> None:
         """A tick every `tick_s`; a poked function at once, without starving the others' tick."""
+        self._clock = clock
         last_full = clock()
         while not self._stopping:
             try:

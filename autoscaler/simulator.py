@@ -148,6 +148,11 @@ class SimConfig:
     # where it waits for that replica's next batch (serve_routed; the default, as the exact
     # batcher is shoal up's: docs/simlive.md, "Built: the gateway's routing in the simulator")
     routing: str = "fewest"
+    # how long after the request that pokes it the look at a function at zero comes, reading every
+    # request of it held by then: 0, at the request's instant (the bench); shoal up's, as a live
+    # run timed it (simlive.live_poke_lag_s: a few ms, so a clump of requests within it is seen by
+    # that look; docs/simlive.md, "The poke's lag, timed per run")
+    poke_lag_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batcher not in BATCHERS:
@@ -162,6 +167,8 @@ class SimConfig:
             raise ValueError(f"gpus ({self.gpus}) and gpus_per_node ({self.gpus_per_node}) must be >= 1")
         if not 0 < self.tick_s <= 60:
             raise ValueError(f"tick_s ({self.tick_s}) must be within (0, 60]")
+        if not 0 <= self.poke_lag_s < self.tick_s:
+            raise ValueError(f"poke_lag_s ({self.poke_lag_s}) must be >= 0 and under tick_s ({self.tick_s})")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s ({self.timeout_s}) must be > 0")
         if self.warmup_s < 0:
@@ -703,11 +710,15 @@ class Simulation:
             _, first = np.unique(cold_fids, return_index=True)
             self.cold_requests += int(cold.sum())
             self._arriving = (a, f)  # what the gateway holds at each look: _traffic_and_need
+            end = t0 + self.config.tick_s
             for i in np.sort(first).tolist():  # in the order their first requests came
                 fid = int(cold_fids[i])
                 if self.n_srv[fid] == 0 and self.policy.reactive:
-                    waiting = len(self.held.get(fid, ())) + 1
-                    self._decide(fid, float(cold_a[i]), activator_queue=waiting)
+                    # the poke's look, poke_lag_s after the request (within the tick), reads every
+                    # request of the function held by then
+                    at = min(float(cold_a[i]) + self.config.poke_lag_s, end)
+                    come = int(np.count_nonzero((cold_fids == fid) & (cold_a <= at))) if self.config.poke_lag_s else 1
+                    self._decide(fid, at, activator_queue=len(self.held.get(fid, ())) + come)
             self._arriving = None
         unready = self._unready(t0 + self.config.tick_s)  # after the looks above: their starts count
         if not self.held and not cold.any() and unready is None:

@@ -13,6 +13,7 @@ simulator simulated: no figure is a GPU measurement. Results and how to read the
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import json
 import math
@@ -53,6 +54,9 @@ SERVING_OVERHEAD_S = 0.0013
 # 43.035 ms less 41.3 ms, 1.735 ms, taken to a tenth (1.8 on the VM of 2026-11-27, against
 # 40.7). Each live run measures it again beside the constant.
 REQUEST_PATH_S = 0.0017
+# A look from zero this long or more after the request before it was no poke of it (a tick's, or a
+# pre-warm's): live_poke_lag_s leaves it out
+POKE_LAG_MAX_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -333,7 +337,7 @@ def request_path_s(sent: list[float], latency_s: list[float], alone_s: float) ->
 def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PROFILE,
             phase: float = 0.0, overhead_s: float = SERVING_OVERHEAD_S, tick_s: float = TICK_S,
             path_s: float = REQUEST_PATH_S, initial: int = 0, routing: str = "fewest",
-            deployed_s: float | None = None) -> dict[str, Any]:
+            deployed_s: float | None = None, poke_lag_s: float = 0.0) -> dict[str, Any]:
     """The simulator's prediction of the live run: the same arrivals, profile and cold start, one
     80 GiB device, the function at zero (simulate's start="cold"), the controller's tick as the
     live loop kept it (every `tick_s`, at `phase` of a tick after the load's start: tick_timing),
@@ -356,7 +360,7 @@ def sim_run(policy: str, window: Window, cold_start_s: float, profile: Path = PR
 
     made = {"shoal": ShoalPolicy, "kpa": kpa_policy, "ray": ray_policy}[policy]()
     config = SimConfig(gpus=1, gpu_memory_mib=80 * 1024, gpus_per_node=1, tick_s=tick_s, timeout_s=HOLD_TIMEOUT_S,
-                       warmup_s=0.0, batcher="exact", routing=routing)
+                       warmup_s=0.0, batcher="exact", routing=routing, poke_lag_s=poke_lag_s)
     trace = read_window(window)
     late = ((1.0 - phase) % 1.0) * tick_s
     if late:
@@ -476,6 +480,33 @@ def live_tick_timing(folder: Path) -> tuple[float, float] | None:
     if timing is None:
         timing = timing_of_ticks([at - start for at in sampled_ticks(folder)])
     return timing
+
+
+def live_poke_lag_s(folder: Path) -> float | None:
+    """How long after the request that poked it the live loop looked at a function at zero:
+    per scale event from zero that records its look (`after_look_s`, since 2026-12-02), the
+    look's instant less the send of the first request after the function was last at zero
+    (requests.csv), if under POKE_LAG_MAX_S; the median of the run's, or None (no such event).
+    E.g. a request sent at 100.0000, the event at 100.0081 written 0.0047 s after its look: 3.4
+    ms. The simulator's poke looks that long after its request (SimConfig.poke_lag_s)."""
+    events, requests = folder / "events.json", folder / "requests.csv"
+    if not events.exists() or not requests.exists():
+        return None
+    with requests.open(newline="") as f:
+        sent = sorted(float(row["start"]) for row in csv.DictReader(f))
+    lags, zero_at = [], -math.inf
+    for event in json.loads(events.read_text()):
+        data = event.get("data") or {}
+        if event.get("kind") != "scale":
+            continue
+        if data.get("to") == 0:
+            zero_at = float(event["at"])
+        elif data.get("from") == 0 and "after_look_s" in data:
+            look = float(event["at"]) - float(data["after_look_s"])
+            i = bisect.bisect_left(sent, zero_at)
+            if i < len(sent) and 0.0 <= look - sent[i] < POKE_LAG_MAX_S:
+                lags.append(look - sent[i])
+    return statistics.median(lags) if lags else None
 
 
 def sampled_ticks(folder: Path, function: str = FUNCTION) -> list[float]:
@@ -659,13 +690,13 @@ def main(argv: list[str] | None = None) -> int:
             phase, tick = timing if timing is not None else (None, TICK_S)
             run = {"overhead_s": args.overhead_ms / 1000.0, "tick_s": tick, "path_s": args.path_ms / 1000.0,
                    "initial": args.initial, "profile": args.profile, "routing": args.routing,
-                   "deployed_s": deployed_before_s(folder)}
+                   "deployed_s": deployed_before_s(folder), "poke_lag_s": live_poke_lag_s(folder) or 0.0}
             sim = sim_run(policy, window, live["cold_start_s"], phase=phase or 0.0, **run)
             # one replica served it all: one start in the load and none before it, or an initial one alone
             measured = live_overhead_s(folder, args.profile) if live["replica_starts"] + args.initial == 1 else None
             path = live_path_s(folder, args.overhead_ms / 1000.0, args.profile)
             results[policy] = {"live": live, "sim": sim, "row": compare(live, sim), "tick_phase": phase,
-                               "deployed_s": run["deployed_s"],
+                               "deployed_s": run["deployed_s"], "poke_lag_ms": round(run["poke_lag_s"] * 1000.0, 3),
                                "tick_s": tick, "overhead_ms": args.overhead_ms,
                                "overhead_ms_measured": None if measured is None else round(measured * 1000.0, 3),
                                "path_ms": args.path_ms,
@@ -678,7 +709,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"each batch {args.overhead_ms:g} ms over the profile"
                   f"{'' if measured is None else f', {measured * 1000.0:.2f} ms measured in this run'}; "
                   f"each request's path {args.path_ms:g} ms"
-                  f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'}; routing {args.routing})",
+                  f"{'' if path is None else f', {path * 1000.0:.2f} ms measured'}; routing {args.routing}; "
+                  f"a poke looks {run['poke_lag_s'] * 1000.0:.1f} ms after its request"
+                  f"{'' if run['poke_lag_s'] else ' (no look from zero timed live)'})",
                   flush=True)
             if args.phases:
                 sweep = results[policy]["phase_sweep"] = phase_sweep(policy, window, live["cold_start_s"],

@@ -570,6 +570,39 @@ def test_shoal_up_scales_a_function_from_zero_with_each_policy(policy, load, exp
     assert local.loop.explain("nothing-looked-at") == {}
 
 
+def test_a_scale_event_says_how_long_after_its_look_it_came():
+    """shoal up's loop (`run`, with its clock) stamps each scale event with the seconds since the
+    look that decided it, so a replay can time the look a request's poke made
+    (loadtests.bench.simlive.live_poke_lag_s); a tick called alone, without run's clock, has none
+    (the test above). The clock here steps 2.5 ms a read: the look reads it once, the event
+    after it (the poke's wait and the tick's own reads between)."""
+    local = Local()
+    reads = iter(range(1_000_000))
+    clock = lambda: 1000.0 + 0.0025 * next(reads)  # noqa: E731
+
+    async def until_scaled():
+        running = asyncio.ensure_future(local.loop.run(60.0, clock))
+        local.loop.poke("digits")
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if any(e[0] == "scale" for e in local.events):
+                break
+        local.loop.stop()
+        await running
+
+    try:
+        local.load(4, 0)
+        local.runner.run_until_complete(until_scaled())
+        local.start_what_was_asked()
+    finally:
+        local.close()
+    data = [e[-1]["data"] for e in local.events if e[0] == "scale"][0]
+    assert (data["from"], data["to"]) == (0, 2)
+    # the look at one read of the clock, the event at a later one: whole steps of 2.5 ms after it
+    steps = data["after_look_s"] / 0.0025
+    assert steps >= 1 and steps == pytest.approx(round(steps))
+
+
 def test_kpa_keeps_scaling_with_its_own_windows_through_the_loop():
     """Later ticks go on through the KPA's own state: 12 in flight on 3 ready, 1.4 per pod. Its
     windows average over the seconds since their first write: (4 + 0 + 12) / 3 s = 5.33 ->

@@ -4,6 +4,7 @@ window, its csv as the load test reads it, and the comparison with issue 19's to
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -501,3 +502,32 @@ def test_the_deploy_before_the_load_sets_the_simulators_first_look(tmp_path, mon
         firsts.clear()
         simlive.sim_run("shoal", window, 2.0, phase=0.3, deployed_s=before)
         assert firsts[0] == pytest.approx(first), before
+
+
+def test_the_poke_lag_is_timed_from_the_runs_looks_from_zero(tmp_path):
+    """live_poke_lag_s: each scale event from zero that records its look (after_look_s) against
+    the first request sent since the function was last at zero. A look 3.4 ms after the request
+    at 100.0 and one 10.0 ms after the first request since the drop at 140 (150.0): median 6.7 ms.
+    Left out: an event with no look recorded (a run before it), and a pre-warm at 200 that no
+    request came before (the next, at 300.0, comes after its look)."""
+    from loadtests.bench import simlive
+
+    assert simlive.live_poke_lag_s(tmp_path) is None  # no run here
+    rows = [(100.0, 0), (100.003, 1), (120.0, 2), (150.0, 3), (300.0, 4)]
+    (tmp_path / "requests.csv").write_text("start,scheduled,latency_ms,status,function,error,cold_start\n" + "".join(
+        f"{sent},{sent},50.0,200,code,,\n" for sent, _ in rows))
+
+    def scale(at, before, to, after_look_s=None):
+        data = {"from": before, "to": to, "reason": "R", "policy": "shoal"}
+        if after_look_s is not None:
+            data["after_look_s"] = after_look_s
+        return {"at": at, "function": "code", "kind": "scale", "message": "", "data": data}
+
+    events = [scale(100.0081, 0, 1, 0.0047), scale(140.0, 1, 0, 0.001), scale(150.012, 0, 2, 0.002),
+              scale(160.0, 2, 0, 0.001), scale(200.0, 0, 1, 0.001), scale(210.0, 1, 0, 0.001),
+              {"at": 299.0, "function": "code", "kind": "replica_ready", "message": "", "data": {}}]
+    (tmp_path / "events.json").write_text(json.dumps(events))
+    assert simlive.live_poke_lag_s(tmp_path) == pytest.approx(0.0067)
+    events[0] = scale(100.0081, 0, 1)  # recorded no look: the one left is 10.0 ms
+    (tmp_path / "events.json").write_text(json.dumps(events))
+    assert simlive.live_poke_lag_s(tmp_path) == pytest.approx(0.010)
