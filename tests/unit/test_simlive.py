@@ -146,8 +146,6 @@ def test_a_run_that_scaled_only_from_zero_is_timed_by_its_sampled_ticks(tmp_path
     """A live run whose only scale event is the raise from zero (tick_timing: None) is timed by
     the full ticks its status samples saw: 150 samples, each once a second, each seeing the last
     tick (ticks 1.0005 s apart from t0 + 0.37 s, each seen twice, one sample before any tick)."""
-    import json
-
     from loadtests.bench.simlive import live_tick_timing, sampled_ticks
 
     t0 = 1_796_000_000.0

@@ -1583,13 +1583,13 @@ def test_an_arrival_on_the_last_ticks_bound_is_run(tmp_path):
 
 @pytest.mark.parametrize("lag_s, at, seen", [
     (0.0, 10.0, 1),  # at the first request's instant: one held
-    (0.0067, 10.0067, 3),  # shoal up's median: the clump of three (0, 3.3, 4.5 ms) held by then
+    (0.0067, 10.0067, 3),  # a lag as live runs time it (4.3-7.8 ms): the clump of three held by then
     (0.004, 10.004, 2),
 ])
 def test_a_poke_looks_its_lag_after_the_request(lag_s, at, seen):
     """A function at zero; three requests at 10.0, 10.0033 and 10.0045 s (the conversation trace's
     opening clump): the look the first one pokes comes poke_lag_s after it and reads the
-    requests held by then (live: docs/simlive.md, "After the batch probe")."""
+    requests held by then (live: docs/simlive.md, "The poke's lag, timed per run")."""
     profile = Profile("b", ((1, 10.0),), 0.25, 0.25, cold_start_s=1.0, slo_ms=10_000)
     policy = Scripted(lambda now: ScaleDecision(1 if now >= 10.0 else 0, "S"))  # at zero until the clump
     sim = Simulation(trace_of([10.0, 10.0033, 10.0045], duration=12.0), [profile], policy,
