@@ -48,7 +48,7 @@ class PolicyConfig:
     max_scale_up_rate: float = 10.0  # at most current x 10 per decision (from zero: unbounded)
     max_scale_down_rate: float = 2.0  # at most halve per decision
     slo_target_pct: float = 80.0  # aim p95 at 80 % of the SLO
-    slo_max_boost: float = 2.0  # p95 over target raises the need by at most 2x
+    slo_max_boost: float = 3.0  # p95 over target raises the need by at most 3x (2 to 2026-12-02)
     max_duty: float = 0.9  # how hot replicas may run while p95 has headroom
     batch_latency_share: float = 0.5  # a batch may take this share of the p95 target (the rest: waiting for one)
     rate_window_s: float = 5.0  # the work view reads the request rate averaged (EWMA) over this

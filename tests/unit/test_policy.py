@@ -169,9 +169,9 @@ NEED_CASES = [
     ("concurrency-over-duty", snap(ready=1, inflight=40, duty=(0.6,)), 10.0, "concurrency"),  # 0.86 < 10
     # 120/80 = 1.5: SLO 1.71 x 1.5 = 2.57 < 40 / 4 = 10
     ("concurrency-over-slo", snap(ready=1, inflight=40, rps=300, service=0.004, p95=0.120), 10.0, "concurrency"),
-    # SLO: p95 over 80 ms multiplies the work view (duty target 0.7) by min(2, p95 / 80)
+    # SLO: p95 over 80 ms multiplies the work view (duty target 0.7) by min(3, p95 / 80)
     ("slo-x1.5", snap(ready=2, duty=(0.7, 0.7), p95=0.120), 3.0, "slo"),  # 120/80 = 1.5; 1.4 / 0.7 = 2 x 1.5 = 3
-    ("slo-boost-capped-at-2", snap(ready=2, duty=(0.7, 0.7), p95=0.400), 4.0, "slo"),  # 400/80 = 5 -> 2; 2 x 2 = 4
+    ("slo-boost-capped-at-3", snap(ready=2, duty=(0.7, 0.7), p95=0.400), 6.0, "slo"),  # 400/80 = 5 -> 3; 2 x 3 = 6
     ("slo-needs-measured-work", snap(ready=2, p95=0.120), 0.0, "work"),  # work 0 x 1.5 = 0; concurrency 0 / 4
     # the SLO raises the work view only: 16 / 4 = 4 > 2 x 1.5 = 3 (not 4 x 1.5 = 6)
     ("slo-does-not-raise-concurrency", snap(ready=2, inflight=16, duty=(0.7, 0.7), p95=0.120), 4.0, "concurrency"),
@@ -234,7 +234,7 @@ ONE_STEP_CASES = [
     ("in-flight-under-target-bursts", SPEC, snap(ready=2, inflight=40, duty=(0.7, 0.7), p95=0.050), 8, "BURST"),
     # (0.5 + 0.5) / 0.7 = 1.43 x 120/80 = 2.14 -> 3 > 2
     ("slo-sets-the-need", SPEC, snap(ready=2, duty=(0.5, 0.5), p95=0.120), 3, "SLO"),
-    ("slo-capped-boost", SPEC, snap(ready=2, duty=(0.7, 0.7), p95=0.400), 4, "SLO"),  # 1.4/0.7 = 2 x min(2, 5) = 4
+    ("slo-capped-boost", SPEC, snap(ready=2, duty=(0.7, 0.7), p95=0.400), 6, "SLO"),  # 1.4/0.7 = 2 x min(3, 5) = 6
     # 4000 / 4 = 1000 wanted; at most ceil(1 x 10) = 10 per decision
     ("rate-cap-1-to-10", ScalingSpec(max_replicas=100), snap(ready=1, inflight=4000), 10, "BURST"),
     ("rate-cap-3-to-30", ScalingSpec(max_replicas=100), snap(ready=3, inflight=4000), 30, "BURST"),  # 3 x 10
@@ -855,7 +855,7 @@ def test_good_config_constructs_and_decides(kwargs):
 def test_default_config_values():
     assert CFG == PolicyConfig()
     assert (CFG.burst_window_s, CFG.scale_down_delay_s, CFG.max_scale_up_rate, CFG.max_scale_down_rate) == (6, 30, 10, 2)
-    assert (CFG.slo_target_pct, CFG.slo_max_boost, CFG.periodic_keep_s, CFG.slice_window_s) == (80, 2, 10, 300)
+    assert (CFG.slo_target_pct, CFG.slo_max_boost, CFG.periodic_keep_s, CFG.slice_window_s) == (80, 3, 10, 300)
     assert (CFG.max_duty, CFG.headroom_pct) == (0.9, 50)
 
 
