@@ -69,6 +69,9 @@ class PolicyConfig:
     miss_price_slice_s: float = 240.0  # a request that misses its SLO in a cold start is worth this many
     # slice-seconds of an idle replica: keep-alive and the reserve weigh the one against the other (0: off)
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
+    # a rise is read over a cold start and a look plus this many rate windows: the need reads the
+    # rate's EWMA, which shows a step only as 1 - e^(-t / rate_window_s) of it t seconds on (0: off)
+    rise_lag_windows: float = 1.0
     gaps_kept: int = 16  # idle gaps remembered per function
     gaps_min: int = 4  # gaps needed before the keep-alive follows them
     few_gaps_keep_x: float = 30.0  # with fewer, a priced cold start's break-even, at most this x idle_to_zero_s
@@ -260,7 +263,7 @@ def decide(
     needs = _kept_needs(state.needs, now, float(current) if held_through_start else need.replicas, config)
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, batched, now, config)  # for the slice hint
-    rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, lead_s(snapshot, config) + 1.0, config)
+    rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, rise_horizon_s(snapshot, config), config)
     missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
@@ -1202,10 +1205,18 @@ def _duty_sample(state: PolicyState, snapshot: MetricsSnapshot, batched: tuple[f
     return state.duty_avg + (mean - state.duty_avg) * weight, state.duty_since, now
 
 
+def rise_horizon_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
+    """What a rise of the need is read over: a cold start and a look (what no scale-up can
+    follow), plus rise_lag_windows rate windows, since the need reads the rate's EWMA: a step
+    in the load shows as 1 - e^(-t / rate_window_s) of it t seconds on. E.g. a 2 s cold start:
+    over 3 s a step reads as 1 - e^(-3/5) = 45 % of it, over 3 + 5 = 8 s as 1 - e^(-8/5) = 80 %."""
+    return lead_s(snapshot, config) + 1.0 + config.rise_lag_windows * config.rate_window_s
+
+
 def _rise_sample(state: PolicyState, needs: tuple[NeedAt, ...], now: float, horizon_s: float,
                  config: PolicyConfig) -> tuple[float, float | None, float, float | None]:
     """(rise, rise_at, rise2, rise2_at) after this look. A rise is how far the need went up
-    within `horizon_s` (a cold start and a look: what no scale-up can follow); the two largest
+    within `horizon_s` (rise_horizon_s: what no scale-up can follow, as the need shows it); the two largest
     of different bursts are kept, decaying with time constant reserve_memory_s, and the
     second is the reserve: a rise seen once (a one-off spike) holds nothing, one that came
     again holds the smaller of the two. A rise within `horizon_s` of the largest's is the same

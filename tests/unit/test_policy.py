@@ -737,6 +737,27 @@ def test_a_lone_replica_does_not_shrink_while_a_recent_need_would_not_fit_half_o
     assert [(t, d.slice_fraction) for t, d in out if d.slice_fraction is not None] == [(672, 0.125)]
 
 
+RISE_READ_CASES = [
+    # id, rise_lag_windows, the look where the rise peaks, the share of the step it reads
+    # in flight steps 0 -> 8 at t = 10 (a need of 8 / 4 = 2 replicas once the 5 s average has it);
+    # after k looks the average is 8 (1 - e^(-k/5)); over a horizon h = 3 (a 2 s cold start and
+    # a look) + lag x 5 s the window still holds the need before the step until k = h
+    ("a-cold-start-and-a-look", 0.0, 12, 1 - math.exp(-3 / 5)),  # 45 % of the step
+    ("and-a-rate-window", 1.0, 17, 1 - math.exp(-8 / 5)),  # 80 %: the default
+]
+
+
+@pytest.mark.parametrize("lag,peak,share", [c[1:] for c in RISE_READ_CASES], ids=[c[0] for c in RISE_READ_CASES])
+def test_a_step_in_the_load_is_read_as_a_rise_over_the_rate_windows_lag(lag, peak, share):
+    config = PolicyConfig(rise_lag_windows=lag)
+    _, state = run(lambda t: {"ready": 2, "inflight": 8 if t >= 10 else 0}, peak, config=config)
+    assert state.rise == pytest.approx(2.0 * share) and state.rise_at == float(peak)
+    # a look later the window has lost the need before the step: the rise read is smaller,
+    # and the largest (a look older, decayed) is kept
+    _, later = run(lambda t: {"ready": 2, "inflight": 8 if t >= 10 else 0}, peak + 1, config=config)
+    assert later.rise == pytest.approx(2.0 * share * math.exp(-1 / config.reserve_memory_s))
+
+
 def test_a_hint_waits_for_a_whole_window_of_evidence():
     # hot from t=0: at 299 the average is 299 s old (< 300), at 300 it is a whole window
     out, _ = run(lambda t: HOT, 300, CAPPED)
