@@ -71,7 +71,7 @@ class PolicyConfig:
     reserve_memory_s: float = 600.0  # the reserve remembers the need's rises within a cold start this long
     # a rise is read over a cold start and a look plus this many rate windows: the need reads the
     # rate's EWMA, which shows a step only as 1 - e^(-t / rate_window_s) of it t seconds on (0: off)
-    rise_lag_windows: float = 1.0
+    rise_lag_windows: float = 0.5
     gaps_kept: int = 16  # idle gaps remembered per function
     gaps_min: int = 4  # gaps needed before the keep-alive follows them
     few_gaps_keep_x: float = 30.0  # with fewer, a priced cold start's break-even, at most this x idle_to_zero_s
@@ -1209,7 +1209,8 @@ def rise_horizon_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
     """What a rise of the need is read over: a cold start and a look (what no scale-up can
     follow), plus rise_lag_windows rate windows, since the need reads the rate's EWMA: a step
     in the load shows as 1 - e^(-t / rate_window_s) of it t seconds on. E.g. a 2 s cold start:
-    over 3 s a step reads as 1 - e^(-3/5) = 45 % of it, over 3 + 5 = 8 s as 1 - e^(-8/5) = 80 %."""
+    over 3 s a step reads as 1 - e^(-3/5) = 45 % of it, over 3 + 0.5 x 5 = 5.5 s (the default)
+    as 1 - e^(-5.5/5) = 67 %."""
     return lead_s(snapshot, config) + 1.0 + config.rise_lag_windows * config.rate_window_s
 
 

@@ -743,7 +743,9 @@ RISE_READ_CASES = [
     # after k looks the average is 8 (1 - e^(-k/5)); over a horizon h = 3 (a 2 s cold start and
     # a look) + lag x 5 s the window still holds the need before the step until k = h
     ("a-cold-start-and-a-look", 0.0, 12, 1 - math.exp(-3 / 5)),  # 45 % of the step
-    ("and-a-rate-window", 1.0, 17, 1 - math.exp(-8 / 5)),  # 80 %: the default
+    # h = 5.5: the look at 14 (k = 5) is the last whose window (from 8.5) holds the need at 9
+    ("and-half-a-rate-window", 0.5, 14, 1 - math.exp(-5 / 5)),  # 63 %: the default
+    ("and-a-rate-window", 1.0, 17, 1 - math.exp(-8 / 5)),  # 80 %
 ]
 
 

@@ -1117,8 +1117,8 @@ def test_a_lone_replica_moves_to_the_slice_its_policy_asks():
 
 
 def test_a_look_that_scales_calls_a_move_off_and_its_slice_is_given_back():
-    """The load above with a 20 s start: the move asked at the tick's end at 424 s (its replica
-    ready at 444) is called off by a look that asks for two replicas at 425: its slice is released
+    """The load above with a 20 s start: the move asked at the tick's end at 421 s (its replica
+    ready at 441) is called off by a look that asks for two replicas at 425: its slice is released
     at once and the scale-up's replica placed on 1/8 beside the old one on 1/4."""
     trace = trace_of(np.arange(0.5, 480.0, 1.0), duration=480.0)
     profiles = [Profile("p", ((1, 10.0),), 0.25, 0.25, cold_start_s=20.0, slo_ms=1000)]
@@ -1135,7 +1135,7 @@ def test_a_look_that_scales_calls_a_move_off_and_its_slice_is_given_back():
 
     Recording.instances = []
     Scaled(trace, profiles, S.ShoalPolicy(S.PolicyConfig(slice_window_s=5.0), name="shoal"), SimConfig(gpus=1)).run()
-    assert seen["before"] == {0: ("f0-2", "f0-1", 444.0, 0.125, 0)}
+    assert seen["before"] == {0: ("f0-2", "f0-1", 441.0, 0.125, 0)}
     assert seen["after"] == ({}, False, [0.125, 0.25])
 
 
