@@ -1217,11 +1217,13 @@ def rise_horizon_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
 def _rise_sample(state: PolicyState, needs: tuple[NeedAt, ...], now: float, horizon_s: float,
                  config: PolicyConfig) -> tuple[float, float | None, float, float | None]:
     """(rise, rise_at, rise2, rise2_at) after this look. A rise is how far the need went up
-    within `horizon_s` (rise_horizon_s: what no scale-up can follow, as the need shows it); the two largest
-    of different bursts are kept, decaying with time constant reserve_memory_s, and the
-    second is the reserve: a rise seen once (a one-off spike) holds nothing, one that came
-    again holds the smaller of the two. A rise within `horizon_s` of the largest's is the same
-    burst still rising. E.g. rises 1.2 at t = 12 and 0.9 at t = 300: the reserve is 0.9, and
+    within `horizon_s` (rise_horizon_s: what no scale-up can follow, as the need shows it);
+    the two largest of different bursts are kept, decaying with time constant
+    reserve_memory_s, and the second is the reserve: a rise seen once (a one-off spike) holds
+    nothing, one that came again holds the smaller of the two. A rise read within `horizon_s`
+    of the last look that kept one is the same burst, still rising: the largest stays and its
+    time moves on to this look, so a need that stays above its low over the horizon is one
+    burst however long. E.g. rises 1.2 at t = 12 and 0.9 at t = 300: the reserve is 0.9, and
     at t = 600 0.9 x e^(-300/600) = 0.55. The rise is of the need, which reads the rate's 5 s
     average: a rise at the look's own rate was tried and taken back (docs/simlive.md)."""
     if config.reserve_memory_s <= 0:
