@@ -264,7 +264,7 @@ def decide(
     peak = _window_peak(state.peak, needs, now, config.scale_down_delay_s)
     duty_avg, duty_since, duty_last = _duty_sample(state, snapshot, batched, now, config)  # for the slice hint
     rise, rise_at, rise2, rise2_at = _rise_sample(state, needs, now, rise_horizon_s(snapshot, config), config)
-    missed_at = _missed_sample(state, snapshot, needs, now, lead_s(snapshot, config) + 1.0, config)
+    missed_at = _missed_sample(state, snapshot, needs, now, follow_s(snapshot, config), config)
     held_max, cold_misses = _held_sample(state, snapshot)
     cold_cost_s = _cold_cost_s(state, snapshot, spec, rate_avg, active, cold_misses, config)
     first_ready = state.held_max > 0 and snapshot.ready > 0  # the first look at a start from zero's replica
@@ -623,6 +623,11 @@ def lead_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
     return snapshot.cold_start_s if snapshot.cold_start_s is not None else config.default_cold_start_s
 
 
+def follow_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
+    """A cold start and a look (1 s): how far ahead no scale-up can follow. E.g. 2.5 s -> 3.5 s."""
+    return lead_s(snapshot, config) + 1.0
+
+
 # ---------------------------------------------------------------------- decisions
 
 
@@ -655,11 +660,12 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
         else window_max(state.needs, now, config.burst_window_s)
     # the trend is at most the latest need x trend_max_boost: below the current count it cannot matter
     latest = state.needs[-1].replicas if state.needs else 0.0
-    trend = trend_need(state, now, lead_s(snapshot, config) + 1.0, config) \
+    follow = follow_s(snapshot, config)
+    trend = trend_need(state, now, follow, config) \
         if _ceil(latest * config.trend_max_boost) > current else 0.0
     # the reserve: what the need has lately risen by within one cold start, on top of its low
     # over one (raised only while traffic flows; an idle function's keep-alive is keep_alive_s's)
-    low = window_min(state.needs, now, lead_s(snapshot, config) + 1.0)
+    low = window_min(state.needs, now, follow)
     held = low + reserve(state, now, config) if snapshot.demand > 0 or snapshot.rps > 0 else 0.0
     up = _ceil(max(max(trend, burst), held))
     if up > current:
@@ -668,7 +674,7 @@ def _scale(snapshot: MetricsSnapshot, spec: ScalingSpec, state: PolicyState, now
             reason = "FORECAST" if _ceil(trend) > _ceil(burst) else ("SLO" if need.by in ("slo", "budget") else "BURST")
             if _ceil(held) > max(_ceil(trend), _ceil(burst)):
                 reason = "RESERVE"
-            detail = (f"trend {trend:.2f} over the next {lead_s(snapshot, config) + 1:.0f} s" if reason == "FORECAST"
+            detail = (f"trend {trend:.2f} over the next {follow:.0f} s" if reason == "FORECAST"
                       else f"need {low:.2f} + reserve {held - low:.2f} for a rise within a cold start"
                       if reason == "RESERVE" else f"need {burst:.2f} replicas ({need.detail})")
             if reason == "FORECAST":  # held like a need for the delay window, so the next look does not undo it
@@ -1211,7 +1217,7 @@ def rise_horizon_s(snapshot: MetricsSnapshot, config: PolicyConfig) -> float:
     in the load shows as 1 - e^(-t / rate_window_s) of it t seconds on. E.g. a 2 s cold start:
     over 3 s a step reads as 1 - e^(-3/5) = 45 % of it, over 3 + 0.5 x 5 = 5.5 s (the default)
     as 1 - e^(-5.5/5) = 67 %."""
-    return lead_s(snapshot, config) + 1.0 + config.rise_lag_windows * config.rate_window_s
+    return follow_s(snapshot, config) + config.rise_lag_windows * config.rate_window_s
 
 
 def _rise_sample(state: PolicyState, needs: tuple[NeedAt, ...], now: float, horizon_s: float,
